@@ -1,0 +1,266 @@
+"""The `openrebench` command."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.table import Table
+
+from openrebench.core import OpenRebenchError, Run, ScoreRow, final_score
+
+app = typer.Typer(help="Open, runnable RE-Bench: ML research-engineering environments.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+TierOpt = Annotated[str, typer.Option("--tier", "-t", help="mini (CPU) or full (GPU).")]
+RunDir = Annotated[Path, typer.Argument(help="The run directory (or any folder inside it).")]
+
+
+def _user_errors(fn: F) -> F:
+    """Turn user-facing errors into one red line and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OpenRebenchError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err.print("[bold red]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _env(env_id: str):
+    from openrebench.environments import get_environment
+
+    return get_environment(env_id)
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _score_with_status(run: Run, label: str, **kwargs: Any) -> ScoreRow:
+    from openrebench.core import score_run
+
+    with console.status(f"{label} (scoring runs in a separate process; this can take a while)…"):
+        return score_run(run, **kwargs)
+
+
+def _print_row(run: Run, row: ScoreRow) -> None:
+    env = _env(run.info.env_id)
+    style = "green" if row.valid else "red"
+    lines = [row.message]
+    if env.score_visible and row.valid:
+        lines.append(f"raw {row.raw:.4f}   normalised {row.normalised:.3f}")
+    if run.info.started_at is not None:
+        left = env.tier(run.info.tier).time_limit_hours * 3600 - row.elapsed_s
+        lines.append(f"working time used {row.elapsed_s / 60:.1f} min, {max(left, 0) / 60:.1f} min left")
+    console.print(Panel("\n".join(lines), title=f"score #{row.index}", border_style=style), highlight=False)
+
+
+def _log_table(run: Run, rows: list[ScoreRow]) -> Table:
+    table = Table(title=f"{run.info.env_id} ({run.info.tier}) — {run.path}")
+    for col in ("#", "elapsed", "kind", "raw", "normalised", "message"):
+        table.add_column(col, justify="right" if col in ("#", "elapsed", "raw", "normalised") else "left")
+    for r in rows:
+        table.add_row(str(r.index), f"{r.elapsed_s / 60:.1f} min", r.kind + ("" if r.charged else " (free)"),
+                      _fmt(r.raw), _fmt(r.normalised, 3), r.message.splitlines()[0][:120],
+                      style=None if r.valid else "red")
+    return table
+
+
+@app.command("list")
+@_user_errors
+def list_() -> None:
+    """List the environments."""
+    from openrebench.environments import ENVIRONMENTS
+
+    table = Table(title="openrebench environments")
+    for col in ("id", "RE-Bench task", "title", "tiers", "best"):
+        table.add_column(col)
+    for cls in ENVIRONMENTS.values():
+        table.add_row(cls.id, cls.rebench_id, cls.title, ", ".join(cls.tiers), cls.direction.value)
+    console.print(table)
+
+
+@app.command()
+@_user_errors
+def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None:
+    """Show an environment's tiers and normalisation constants."""
+    from openrebench.core import constants_for
+
+    env = _env(env_id)
+    console.print(f"[bold]{env.id}[/] — {env.title}  (RE-Bench: {env.rebench_id}, version {env.version})")
+    console.print(f"final score: {env.direction.value} valid row; score visible to the agent: "
+                  f"{env.score_visible}")
+    for spec in env.tiers.values():
+        table = Table(title=f"tier {spec.name}: {spec.description}", show_header=False)
+        table.add_row("hardware", spec.hardware)
+        table.add_row("time limit", f"{spec.time_limit_hours:g} h")
+        table.add_row("scoring limits", f"{spec.score_timeout_s:g} s, {spec.memory_limit_gb:g} GB")
+        table.add_row("params", ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+        c = constants_for(env, spec.name)
+        table.add_row("constants here", f"start {c.start:.4f}, reference {c.reference:.4f} ({c.source})")
+        if spec.paper_constants:
+            p = spec.paper_constants
+            table.add_row("paper", f"start {p.start:.4f}, reference {p.reference:.4f} ({p.source})")
+        console.print(table)
+
+
+@app.command()
+@_user_errors
+def start(
+    env_id: Annotated[str, typer.Argument(help="Environment id (see `openrebench list`).")],
+    directory: Annotated[Path, typer.Argument(help="New run directory.")],
+    tier: TierOpt = "mini",
+    seed: Annotated[int | None, typer.Option(help="Seed for asset building (default: random).")] = None,
+) -> None:
+    """Set up a run: workspace, protected data, and the (uncharged) scoring of the starting solution."""
+    from openrebench.core import start_run
+
+    env = _env(env_id)
+    env.tier(tier)
+    with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
+        run, row = start_run(env_id, tier, directory, seed=seed)
+    console.print(Markdown(env.instructions(tier)))
+    _print_row(run, row)
+    console.print(f"\nWorkspace: [bold]{run.workspace}[/]\nScore with: openrebench score {run.path}")
+
+
+@app.command()
+@_user_errors
+def score(directory: RunDir = Path(".")) -> None:
+    """Score the run's current solution and append the result to its score log."""
+    run = Run.open(directory)
+    _print_row(run, _score_with_status(run, "Scoring"))
+
+
+@app.command()
+@_user_errors
+def log(directory: RunDir = Path(".")) -> None:
+    """Show the score log."""
+    run = Run.open(directory)
+    rows, warnings = run.rows()
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    console.print(_log_table(run, rows))
+
+
+@app.command()
+@_user_errors
+def result(directory: RunDir = Path(".")) -> None:
+    """Show the run's final raw and normalised score."""
+    from openrebench.core import final_row
+
+    run = Run.open(directory)
+    env = _env(run.info.env_id)
+    rows, _ = run.rows()
+    raw, norm = final_score(rows, env.direction, run.info.constants)
+    row = final_row(rows, env.direction)
+    which = "no valid score" if row is None else f"row #{row.index} ({env.direction.value} valid row)"
+    console.print(f"final raw score: [bold]{_fmt(raw)}[/]   normalised: [bold]{norm:.3f}[/]   from {which}")
+    console.print(f"normalisation: start {run.info.constants.start:.4f}, reference "
+                  f"{run.info.constants.reference:.4f} ({run.info.constants.source})", highlight=False)
+
+
+@app.command()
+@_user_errors
+def calibrate(
+    env_id: Annotated[str, typer.Argument(help="Environment id.")],
+    tier: TierOpt = "mini",
+    repeats: Annotated[int, typer.Option(min=1, help="Scorings of each solution.")] = 5,
+    out: Annotated[Path | None, typer.Option(help="Also write the record into this folder.")] = None,
+) -> None:
+    """Score the starting and reference solutions N times on this machine; save a calibration record."""
+    from rich.progress import Progress
+
+    from openrebench.core import calibrate as run_calibration
+    from openrebench.core import save_record, score_run, start_run
+    from openrebench.core._calibration import user_calibration_dir
+
+    env = _env(env_id)
+    env.tier(tier)
+    with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
+        runs: dict[str, Run] = {}
+        with Progress(console=console) as progress:
+            task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
+
+            def score_once(which: str) -> float | None:
+                if which not in runs:
+                    run, _ = start_run(env_id, tier, Path(tmp) / which)
+                    (env.install_reference if which == "reference" else env.install_starting)(run.workspace)
+                    runs[which] = run
+                return score_run(runs[which], kind="calibration", charged=False).raw
+
+            def on_progress(which: str, i: int, raw: float | None) -> None:
+                progress.advance(task)
+                progress.console.print(f"  {which} #{i}: {_fmt(raw)}")
+
+            record = run_calibration(env, tier, repeats, score_once=score_once, on_progress=on_progress,
+                                     command=shlex.join(["openrebench", *sys.argv[1:]]))
+    table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
+    for col in ("solution", "n", "mean", "median", "CV"):
+        table.add_column(col, justify="right")
+    for which, stats in (("start", record.start), ("reference", record.reference)):
+        table.add_row(which, str(len(stats.values)), f"{stats.mean:.4f}", f"{stats.median:.4f}",
+                      f"{stats.cv:.2%}")
+    console.print(table)
+    if record.invalid:
+        err.print(f"[yellow]warning:[/] invalid scorings: {record.invalid}")
+    path = save_record(record, user_calibration_dir(env.id))
+    console.print(f"record written to {path}; runs started on this hardware now normalise with it")
+    if out:
+        console.print(f"record also written to {save_record(record, out)}")
+
+
+@app.command()
+@_user_errors
+def demo(
+    env_id: Annotated[str, typer.Argument(help="Environment id.")] = "optimize_kernel",
+    tier: TierOpt = "mini",
+    directory: Annotated[Path | None, typer.Option("--dir", help="Run directory (default: a new one "
+                                                                 "under ./runs).")] = None,
+) -> None:
+    """End to end: start a run, score the start, put the reference in place, score it, show the log."""
+    import time
+
+    env = _env(env_id)
+    env.tier(tier)
+    directory = directory or Path("runs") / f"demo-{env_id}-{tier}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from openrebench.core import start_run
+
+    with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
+        run, row = start_run(env_id, tier, directory)
+    _print_row(run, row)
+    env.install_reference(run.workspace)
+    console.print("Reference solution put in place of the agent's.")
+    _print_row(run, _score_with_status(run, "Scoring the reference solution"))
+    rows, _ = run.rows()
+    console.print(_log_table(run, rows))
+    raw, norm = final_score(rows, env.direction, run.info.constants)
+    console.print(f"final: raw {_fmt(raw)}, normalised [bold]{norm:.3f}[/] "
+                  f"(constants: {run.info.constants.source})", highlight=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""What every environment shares: the protocol, runs, score logs, scoring, normalisation, calibration."""
+
+from ._calibration import CalibrationRecord, Stats, calibrate, constants_for, find_record, save_record
+from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec
+from ._errors import OpenRebenchError
+from ._guard import TamperGuard
+from ._hardware import Hardware, detect_hardware
+from ._normalise import final_row, final_score, normalise
+from ._paths import cache_dir
+from ._protocol import HostChannel, SolutionError, SolutionProcess
+from ._run import Run, RunInfo
+from ._score_log import ScoreRow, append_row, read_log
+from ._scoring import run_scorer, score_run, snapshot_workspace, start_run
+
+__all__ = [
+    "CalibrationRecord", "Direction", "Environment", "Hardware", "HostChannel", "NormConstants",
+    "OpenRebenchError", "Run", "RunInfo", "ScoreResult", "ScoreRow", "SolutionError", "SolutionProcess",
+    "Stats", "TamperGuard", "TierSpec", "append_row", "cache_dir", "calibrate", "constants_for",
+    "detect_hardware", "final_row", "final_score", "find_record", "normalise", "read_log", "run_scorer",
+    "save_record", "score_run", "snapshot_workspace", "start_run",
+]

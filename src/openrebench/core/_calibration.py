@@ -1,0 +1,131 @@
+"""Calibration: measure the start and reference raw scores on this hardware and keep them as records.
+
+A run fixes its normalisation constants when it starts: a record measured on this hardware (the
+user's own first, then one shipped with the environment), else the tier's default constants,
+with the choice written down in the constants' `source`.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from ._environment import Environment, NormConstants
+from ._hardware import Hardware, detect_hardware
+from ._paths import cache_dir
+
+
+class Stats(BaseModel):
+    values: list[float]
+    mean: float
+    median: float
+    cv: float = 0.0
+
+    @classmethod
+    def of(cls, values: list[float]) -> Stats:
+        mean = statistics.fmean(values)
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return cls(values=values, mean=mean, median=statistics.median(values),
+                   cv=abs(sd / mean) if mean else 0.0)
+
+
+class CalibrationRecord(BaseModel):
+    env_id: str
+    env_version: str
+    tier: str
+    hardware_key: str
+    hardware: Hardware
+    start: Stats
+    reference: Stats
+    invalid: dict[str, int] = {}
+    measured_at: datetime
+    command: str
+    package_version: str
+
+    def constants(self, origin: str) -> NormConstants:
+        return NormConstants(
+            start=self.start.median, reference=self.reference.median,
+            source=(f"{origin} calibration on {self.hardware_key}, {self.measured_at:%Y-%m-%d}: medians of "
+                    f"{len(self.start.values)} start / {len(self.reference.values)} reference scorings"),
+        )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+def record_filename(tier: str, hardware_key: str) -> str:
+    return f"{tier}--{_slug(hardware_key)}.json"
+
+
+def user_calibration_dir(env_id: str) -> Path:
+    return cache_dir() / "calibration" / env_id
+
+
+def shipped_calibration_dir(env: Environment) -> Path:
+    return env.root / "calibration"
+
+
+def find_record(env: Environment, tier: str, hardware_key: str) -> tuple[CalibrationRecord, str] | None:
+    """This hardware's record for the tier: the user's own, else a shipped one."""
+    name = record_filename(tier, hardware_key)
+    folders = (("local", user_calibration_dir(env.id)), ("shipped", shipped_calibration_dir(env)))
+    for origin, folder in folders:
+        path = folder / name
+        if path.exists():
+            record = CalibrationRecord.model_validate_json(path.read_text())
+            if record.env_version.split(".")[0] == env.version.split(".")[0]:
+                return record, origin
+    return None
+
+
+def constants_for(env: Environment, tier: str, hardware: Hardware | None = None) -> NormConstants:
+    spec = env.tier(tier)
+    key = (hardware or detect_hardware()).key(spec.device)
+    found = find_record(env, tier, key)
+    if found:
+        return found[0].constants(found[1])
+    default = spec.default_constants
+    return default.model_copy(update={"source": f"{default.source} (no calibration for {key}: tier default)"})
+
+
+def calibrate(env: Environment, tier: str, repeats: int, *, score_once: Callable[[str], float | None],
+              command: str, on_progress: Callable[[str, int, float | None], None] | None = None,
+              ) -> CalibrationRecord:
+    """Score the starting and the reference solutions `repeats` times each (via `score_once(which)`)."""
+    from openrebench import __version__
+
+    values: dict[str, list[float]] = {"start": [], "reference": []}
+    invalid = {"start": 0, "reference": 0}
+    for which in ("start", "reference"):
+        for i in range(repeats):
+            raw = score_once(which)
+            if raw is None:
+                invalid[which] += 1
+            else:
+                values[which].append(raw)
+            if on_progress:
+                on_progress(which, i + 1, raw)
+        if not values[which]:
+            from ._errors import OpenRebenchError
+
+            raise OpenRebenchError(f"every scoring of the {which} solution was invalid on this machine")
+    hardware = detect_hardware()
+    return CalibrationRecord(
+        env_id=env.id, env_version=env.version, tier=tier, hardware_key=hardware.key(env.tier(tier).device),
+        hardware=hardware, start=Stats.of(values["start"]), reference=Stats.of(values["reference"]),
+        invalid={k: v for k, v in invalid.items() if v}, measured_at=datetime.now(UTC), command=command,
+        package_version=__version__,
+    )
+
+
+def save_record(record: CalibrationRecord, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / record_filename(record.tier, record.hardware_key)
+    path.write_text(record.model_dump_json(indent=2) + "\n")
+    return path

@@ -1,0 +1,114 @@
+"""The environment protocol: metadata, tiers and the hooks every environment implements."""
+
+from __future__ import annotations
+
+import shutil
+import string
+from abc import ABC, abstractmethod
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field
+
+from ._errors import OpenRebenchError
+
+
+class Direction(StrEnum):
+    """Which row of the score log counts: the lowest, the highest, or the last valid one."""
+
+    MIN = "min"
+    MAX = "max"
+    LAST = "last"
+
+
+class NormConstants(BaseModel):
+    """Raw scores of the starting (normalised 0) and reference (normalised 1) solutions."""
+
+    start: float
+    reference: float
+    source: str = Field(description="Where and how these were measured.")
+
+
+class TierSpec(BaseModel):
+    """One size of an environment: the same task and scorer, different hardware and scale."""
+
+    name: Literal["mini", "full"]
+    description: str
+    device: Literal["cpu", "cuda"]
+    hardware: str = Field(description="What the tier needs, in words.")
+    time_limit_hours: float = Field(description="Default working-time budget for an attempt.")
+    score_timeout_s: float = Field(description="Wall-clock limit of one scoring, set-up included.")
+    memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
+    params: dict[str, Any] = Field(default_factory=dict)
+    default_constants: NormConstants
+    paper_constants: NormConstants | None = None
+
+
+class ScoreResult(BaseModel):
+    """What a scorer returns: a raw score (None when invalid), a message for the agent, hidden details."""
+
+    raw: float | None
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def invalid(cls, message: str, **details: Any) -> ScoreResult:
+        return cls(raw=None, message=message, details=details)
+
+
+class Environment(ABC):
+    """One RE-Bench environment: a small class plus the files in its folder.
+
+    The folder holds `instructions.md` (a `string.Template` filled from the tier's params),
+    `starting/` (copied into the workspace) and `reference/` (the hidden reference solution).
+    """
+
+    id: ClassVar[str]
+    rebench_id: ClassVar[str]
+    title: ClassVar[str]
+    version: ClassVar[str]
+    direction: ClassVar[Direction]
+    score_visible: ClassVar[bool] = True
+    tiers: ClassVar[dict[str, TierSpec]]
+
+    @property
+    def root(self) -> Path:
+        import inspect
+
+        return Path(inspect.getfile(type(self))).parent
+
+    def tier(self, name: str) -> TierSpec:
+        try:
+            return self.tiers[name]
+        except KeyError:
+            known = ", ".join(self.tiers)
+            raise OpenRebenchError(f"unknown tier '{name}' for {self.id} (known: {known})") from None
+
+    def instructions(self, tier: str) -> str:
+        spec = self.tier(tier)
+        text = (self.root / "instructions.md").read_text()
+        values = {"tier": spec.name, "device": spec.device, "hardware": spec.hardware,
+                  "time_limit_hours": f"{spec.time_limit_hours:g}", **spec.params}
+        return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
+
+    def build_assets(self, tier: str, cache_dir: Path) -> None:  # noqa: B027 - optional hook
+        """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing."""
+
+    def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
+        """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""
+        shutil.copytree(self.root / "starting", workspace, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    def install_reference(self, workspace: Path) -> None:
+        """Put the reference solution in place of the agent's (for demos, tests and calibration)."""
+        shutil.copytree(self.root / "reference", workspace, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    def install_starting(self, workspace: Path) -> None:
+        shutil.copytree(self.root / "starting", workspace, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    @abstractmethod
+    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
+        """Score a snapshot of the solution. Runs in the scorer process, never in the harness."""

@@ -1,0 +1,171 @@
+"""Talking to untrusted solution code in a child process.
+
+The scorer (trusted) starts a *solution host* (a Python module of the environment's) in a child
+process and drives it with small JSON messages over a pair of pipes, each framed by a 4-byte length.
+Nothing is unpickled, a per-request deadline bounds every wait, and whatever the child does (crash,
+hang, exit, garbage on the wire, output on stdout) surfaces as a `SolutionError` with a message that
+can be shown to the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_MESSAGE = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class SolutionError(Exception):
+    """The solution misbehaved; the message is agent-visible."""
+
+
+def write_message(fd: int, message: dict[str, Any]) -> None:
+    data = json.dumps(message).encode()
+    payload = _HEADER.pack(len(data)) + data
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks: list[bytes] = []
+    while n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_message(fd: int, deadline: float | None = None) -> dict[str, Any]:
+    """Read one framed JSON object; raises TimeoutError, EOFError or ValueError (malformed)."""
+    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+    if size > MAX_MESSAGE:
+        raise ValueError(f"message of {size} bytes is over the {MAX_MESSAGE}-byte limit")
+    message = json.loads(_read_exact(fd, size, deadline))
+    if not isinstance(message, dict):
+        raise ValueError("message is not a JSON object")
+    return message
+
+
+class SolutionProcess:
+    """A child process running an environment's solution host module on a solution snapshot.
+
+    The host module is run as `python -m MODULE SOLUTION_DIR READ_FD WRITE_FD`, with the solution
+    directory as its working directory and its stdout/stderr captured to a private file whose tail
+    is quoted in error messages (so agents see their own tracebacks).
+    """
+
+    def __init__(self, module: str, solution: Path, env: dict[str, str] | None = None) -> None:
+        self._logdir = Path(tempfile.mkdtemp(prefix="openrebench-host-"))
+        self.log_path = self._logdir / "output.log"
+        parent_read, child_write = os.pipe()
+        child_read, parent_write = os.pipe()
+        self._read_fd, self._write_fd = parent_read, parent_write
+        child_env = {**os.environ, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, str(solution), str(child_read), str(child_write)],
+                cwd=solution, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(child_read, child_write), env=child_env, start_new_session=True,
+            )
+        os.close(child_read)
+        os.close(child_write)
+
+    def output_tail(self, lines: int = 15, chars: int = 2000) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
+
+    def _died(self) -> SolutionError:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            what = "closed its channel to the scorer"
+        elif code < 0:
+            what = f"was killed by signal {signal.Signals(-code).name}"
+        else:
+            what = f"exited with code {code}"
+        tail = self.output_tail()
+        return SolutionError(f"the solution process {what}" + (f"; its last output:\n{tail}" if tail else ""))
+
+    def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        """Send one request, wait at most `timeout` s for its reply; raise SolutionError otherwise."""
+        try:
+            write_message(self._write_fd, message)
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+        return self.receive(timeout, what)
+
+    def receive(self, timeout: float, what: str) -> dict[str, Any]:
+        try:
+            reply = read_message(self._read_fd, time.monotonic() + timeout)
+        except TimeoutError:
+            raise SolutionError(f"{what} did not finish within {timeout:g} s") from None
+        except EOFError:
+            raise self._died() from None
+        except (ValueError, UnicodeDecodeError, struct.error) as e:
+            raise SolutionError(f"malformed message from the solution process ({e}); "
+                                "the channel to the scorer must not be written to") from None
+        if "error" in reply:
+            raise SolutionError(str(reply["error"])[:4000])
+        return reply
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
+        self.proc.wait()
+        for f in self._logdir.iterdir():
+            f.unlink()
+        self._logdir.rmdir()
+
+    def __enter__(self) -> SolutionProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class HostChannel:
+    """The child's side of the channel: how a solution host reads requests and answers them."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd, self.write_fd = read_fd, write_fd
+
+    @classmethod
+    def from_argv(cls) -> tuple[Path, HostChannel]:
+        solution, read_fd, write_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        return Path(solution), cls(read_fd, write_fd)
+
+    def receive(self) -> dict[str, Any]:
+        return read_message(self.read_fd)
+
+    def send(self, message: dict[str, Any]) -> None:
+        write_message(self.write_fd, message)

@@ -1,0 +1,98 @@
+"""A run directory: workspace/ (the agent's), protected/ (the scorer's), score_log.jsonl, run.json."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from ._environment import Environment, NormConstants
+from ._errors import OpenRebenchError
+from ._hardware import Hardware, detect_hardware
+from ._score_log import ScoreRow, read_log
+
+RUN_FILE = "run.json"
+LOG_FILE = "score_log.jsonl"
+
+
+class RunInfo(BaseModel):
+    """The run's fingerprint, written once at set-up."""
+
+    env_id: str
+    env_version: str
+    tier: str
+    seed: int
+    created_at: datetime
+    package_version: str
+    hardware: Hardware
+    constants: NormConstants
+    started_at: datetime | None = None
+
+
+class Run:
+    def __init__(self, path: Path, info: RunInfo) -> None:
+        self.path = path
+        self.info = info
+
+    workspace = property(lambda self: self.path / "workspace")
+    protected = property(lambda self: self.path / "protected")
+    score_log_path = property(lambda self: self.path / LOG_FILE)
+
+    @classmethod
+    def create(cls, env: Environment, tier: str, path: Path, *, seed: int | None = None) -> Run:
+        """Make the directory layout and fingerprint (the caller fills the workspace)."""
+        from openrebench import __version__
+
+        from ._calibration import constants_for
+
+        env.tier(tier)
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise OpenRebenchError(f"{path} already exists and is not an empty directory")
+        hardware = detect_hardware()
+        info = RunInfo(
+            env_id=env.id, env_version=env.version, tier=tier,
+            seed=secrets.randbits(31) if seed is None else seed, created_at=datetime.now(UTC),
+            package_version=__version__, hardware=hardware, constants=constants_for(env, tier, hardware),
+        )
+        (path / "workspace").mkdir(parents=True)
+        (path / "protected").mkdir()
+        (path / LOG_FILE).touch()
+        (path / RUN_FILE).write_text(info.model_dump_json(indent=2) + "\n")
+        return cls(path, info)
+
+    @classmethod
+    def open(cls, path: Path) -> Run:
+        """Open the run at `path`, or at the nearest folder above it that is a run."""
+        path = Path(path).resolve()
+        if not path.exists():
+            raise OpenRebenchError(f"{path} does not exist")
+        for candidate in (path, *path.parents):
+            if (candidate / RUN_FILE).is_file():
+                try:
+                    info = RunInfo.model_validate(json.loads((candidate / RUN_FILE).read_text()))
+                except (ValueError, ValidationError) as e:
+                    first = str(e).splitlines()[0]
+                    raise OpenRebenchError(f"{candidate / RUN_FILE} is not a valid run file: {first}") \
+                        from None
+                return cls(candidate, info)
+        raise OpenRebenchError(f"{path} is not an openrebench run (no {RUN_FILE} here or above)")
+
+    def rows(self) -> tuple[list[ScoreRow], list[str]]:
+        return read_log(self.score_log_path)
+
+    def mark_started(self) -> None:
+        """Start the agent's clock (after set-up and the initial scoring, which are not charged)."""
+        self.info.started_at = datetime.now(UTC)
+        tmp = self.path / f".{RUN_FILE}.tmp"
+        tmp.write_text(self.info.model_dump_json(indent=2) + "\n")
+        tmp.replace(self.path / RUN_FILE)
+
+    def elapsed_s(self) -> float:
+        """Working seconds since the clock started; 0 during set-up."""
+        if self.info.started_at is None:
+            return 0.0
+        return (datetime.now(UTC) - self.info.started_at).total_seconds()

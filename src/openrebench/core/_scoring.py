@@ -1,0 +1,185 @@
+"""Scoring a run: snapshot the workspace, run the scorer in a separate, limited process, log the row."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from ._environment import ScoreResult
+from ._errors import OpenRebenchError
+from ._isolation import pid_namespace_prefix
+from ._normalise import normalise
+from ._run import Run
+from ._score_log import ScoreRow, append_row
+
+MAX_SNAPSHOT_BYTES = 4 * 1024**3
+RESULT_TAG = "OPENREBENCH-RESULT"
+
+
+def snapshot_workspace(workspace: Path, dest: Path) -> tuple[str, list[str]]:
+    """Copy regular files and folders of `workspace` into `dest`; skip links (they could point into
+    protected data). Returns a sha256 over paths and contents, and notes on what was skipped."""
+    digest = hashlib.sha256()
+    notes: list[str] = []
+    total = 0
+    dest.mkdir(parents=True, exist_ok=True)
+    for root, dirs, files in os.walk(workspace):
+        rel_root = Path(root).relative_to(workspace)
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for d in list(dirs):
+            if (Path(root) / d).is_symlink():
+                notes.append(f"skipped link {rel_root / d}")
+                dirs.remove(d)
+            else:
+                (dest / rel_root / d).mkdir(exist_ok=True)
+        for name in sorted(files):
+            src = Path(root) / name
+            rel = rel_root / name
+            if src.is_symlink() or not src.is_file():
+                notes.append(f"skipped {'link' if src.is_symlink() else 'special file'} {rel}")
+                continue
+            total += src.stat().st_size
+            if total > MAX_SNAPSHOT_BYTES:
+                raise OpenRebenchError(f"workspace is over the {MAX_SNAPSHOT_BYTES >> 30} GiB snapshot limit")
+            shutil.copyfile(src, dest / rel)
+            digest.update(str(rel).encode() + b"\0")
+            with open(dest / rel, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest(), notes
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    for p in [proc, *children]:
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *,
+               timeout_s: float, memory_limit_gb: float) -> ScoreResult:
+    """Run the environment's scorer in a fresh process (in its own PID namespace where possible)
+    with a wall-clock and a resident-memory limit; any failure becomes an invalid result."""
+    nonce = secrets.token_hex(16)
+    config = {"env_id": env_id, "tier": tier, "solution": str(solution), "protected": str(protected),
+              "nonce": nonce}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        cmd = [*pid_namespace_prefix(), sys.executable, "-m", "openrebench.core._scorer_main"]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                start_new_session=True, cwd=solution)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(config).encode())
+        proc.stdin.close()
+        limit = memory_limit_gb * 1024**3
+        peak = 0
+        reason = None
+        deadline = time.monotonic() + timeout_s
+        ps = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(ps))
+            if peak > limit:
+                reason = f"used more than {memory_limit_gb:g} GB of memory"
+            elif time.monotonic() > deadline:
+                reason = f"took longer than the {timeout_s:g} s scoring limit"
+            if reason:
+                _kill_tree(proc)
+                proc.wait()
+                return ScoreResult.invalid(f"Invalid: the solution {reason}; scoring was stopped.",
+                                           peak_rss_bytes=peak)
+            time.sleep(0.05)
+        _kill_tree(proc)  # anything it left behind
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        stderr = err.read().decode(errors="replace")[-4000:]
+    details = {"peak_rss_bytes": peak, "scorer_exit_code": proc.returncode}
+    for line in stdout.splitlines():
+        if line.startswith(f"{RESULT_TAG} {nonce} ") and proc.returncode == 0:
+            try:
+                result = ScoreResult.model_validate_json(line.split(" ", 2)[2])
+            except ValueError:
+                break
+            result.details.update(details)
+            return result
+    code = proc.returncode
+    what = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return ScoreResult.invalid(
+        f"Invalid: the scorer process {what} before reporting a result (did the solution kill it?).",
+        **details, scorer_stderr=stderr)
+
+
+def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
+              charged: bool = True) -> ScoreRow:
+    """Score the run's current workspace and append the row to its score log."""
+    from openrebench.environments import get_environment
+
+    env = get_environment(run.info.env_id)
+    tier = env.tier(run.info.tier)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-") as tmp:
+        snapshot = Path(tmp) / "solution"
+        try:
+            sha, notes = snapshot_workspace(run.workspace, snapshot)
+        except OpenRebenchError as e:
+            sha, notes = "", []
+            result = ScoreResult.invalid(f"Invalid: {e}.")
+        else:
+            result = run_scorer(env.id, tier.name, snapshot, run.protected,
+                                timeout_s=tier.score_timeout_s, memory_limit_gb=tier.memory_limit_gb)
+    if notes:
+        result.details["snapshot_notes"] = notes
+    result.details["normalisation"] = run.info.constants.model_dump()
+    row = ScoreRow(
+        index=0, timestamp=datetime.now(UTC), elapsed_s=run.elapsed_s(), kind=kind, charged=charged,
+        raw=result.raw, normalised=normalise(result.raw, run.info.constants), message=result.message,
+        details=result.details, solution_sha256=sha, duration_s=time.monotonic() - started,
+    )
+    return append_row(run.score_log_path, row)
+
+
+
+
+def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None) -> tuple[Run, ScoreRow]:
+    """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution."""
+    from openrebench.environments import get_environment
+
+    from ._paths import cache_dir
+
+    env = get_environment(env_id)
+    run = Run.create(env, tier, path, seed=seed)
+    env.build_assets(tier, cache_dir())
+    env.setup_run(tier, run.workspace, run.protected, cache_dir())
+    row = score_run(run, kind="setup", charged=False)
+    run.mark_started()
+    return run, row

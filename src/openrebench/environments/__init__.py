@@ -1,0 +1,16 @@
+"""The registry of environments: adding one means adding its folder and one line here."""
+
+from __future__ import annotations
+
+from openrebench.core import Environment, OpenRebenchError
+
+from .optimize_kernel.env import OptimizeKernel
+
+ENVIRONMENTS: dict[str, type[Environment]] = {env.id: env for env in (OptimizeKernel,)}
+
+
+def get_environment(env_id: str) -> Environment:
+    try:
+        return ENVIRONMENTS[env_id]()
+    except KeyError:
+        raise OpenRebenchError(f"unknown environment '{env_id}' (known: {', '.join(ENVIRONMENTS)})") from None
