@@ -35,7 +35,8 @@ HOSTILE: dict[str, tuple[str, str]] = {
                            "prefix_sum modified its input"),
     "patches the clock at import": ("import time\ntime.perf_counter = lambda: 0.0\n" + CORRECT,
                                     "tampering detected while importing solution.py: time.perf_counter"),
-    "patches torch at call time": (CORRECT.replace("    return", "    torch.Tensor.sum = lambda *a, **k: 0\n    return"),
+    "patches torch at call time": (
+        CORRECT.replace("    return", "    torch.Tensor.sum = lambda *a, **k: 0\n    return"),
                                    "tampering detected while running prefix_sum: torch.Tensor.sum"),
     "installs a profiler hook": ("import sys\nsys.setprofile(lambda *a: None)\n" + CORRECT,
                                  "a trace or profile hook was installed"),
@@ -44,7 +45,8 @@ HOSTILE: dict[str, tuple[str, str]] = {
         "left threads running"),
     "fills memory": ("import numpy as np\nhog = np.ones(8 * 1024**3, dtype=np.uint8)\n",
                      "used more than 6 GB of memory"),
-    "hangs": ("def prefix_sum(x):\n    while True:\n        pass\n", "took longer than the 20 s scoring limit"),
+    "hangs": ("def prefix_sum(x):\n    while True:\n        pass\n",
+              "took longer than the 20 s scoring limit"),
 }
 
 
@@ -74,7 +76,8 @@ def test_output_spam_and_links_do_not_break_scoring(kernel_run: Run) -> None:
     """A correct solution that floods stdout/stderr and links to protected data still scores."""
     (kernel_run.protected / "secret.txt").write_text("held-out")
     (kernel_run.workspace / "peek.txt").symlink_to(kernel_run.protected / "secret.txt")
-    spam = "import sys\nfor _ in range(2000):\n    print('{\"raw\": -100}' * 20)\n    sys.stderr.write('x' * 500)\n"
+    spam = ("import sys\nfor _ in range(2000):\n"
+            "    print('{\"raw\": -100}' * 20)\n    sys.stderr.write('x' * 500)\n")
     (kernel_run.workspace / "solution.py").write_text(spam + CORRECT)
     row = score_run(kernel_run)
     assert row.raw is not None, row.message
@@ -113,7 +116,8 @@ def test_solution_that_kills_its_parent_gives_invalid_row(kernel_run: Run, monke
 
     monkeypatch.setattr(_isolation, "pid_namespace_prefix", lambda: ())
     monkeypatch.setattr("openrebench.core._scoring.pid_namespace_prefix", lambda: ())
-    (kernel_run.workspace / "solution.py").write_text("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n")
+    killer = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    (kernel_run.workspace / "solution.py").write_text(killer)
     row = score_run(kernel_run, timeout_s=20)
     assert row.raw is None
     assert "the scorer process was killed by signal SIGKILL" in row.message

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import shlex
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -36,7 +35,7 @@ def _user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except OpenRebenchError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("[bold red]interrupted[/]")
@@ -93,7 +92,7 @@ def list_() -> None:
 
     table = Table(title="openrebench environments")
     for col in ("id", "RE-Bench task", "title", "tiers", "best"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col != "title")
     for cls in ENVIRONMENTS.values():
         table.add_row(cls.id, cls.rebench_id, cls.title, ", ".join(cls.tiers), cls.direction.value)
     console.print(table)
@@ -190,30 +189,20 @@ def calibrate(
     """Score the starting and reference solutions N times on this machine; save a calibration record."""
     from rich.progress import Progress
 
-    from openrebench.core import calibrate as run_calibration
-    from openrebench.core import save_record, score_run, start_run
+    from openrebench.core import calibrate_environment, save_record
     from openrebench.core._calibration import user_calibration_dir
 
     env = _env(env_id)
     env.tier(tier)
-    with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
-        runs: dict[str, Run] = {}
-        with Progress(console=console) as progress:
-            task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
+    with Progress(console=console) as progress:
+        task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
 
-            def score_once(which: str) -> float | None:
-                if which not in runs:
-                    run, _ = start_run(env_id, tier, Path(tmp) / which)
-                    (env.install_reference if which == "reference" else env.install_starting)(run.workspace)
-                    runs[which] = run
-                return score_run(runs[which], kind="calibration", charged=False).raw
+        def on_progress(which: str, i: int, raw: float | None) -> None:
+            progress.advance(task)
+            progress.console.print(f"  {which} #{i}: {_fmt(raw)}")
 
-            def on_progress(which: str, i: int, raw: float | None) -> None:
-                progress.advance(task)
-                progress.console.print(f"  {which} #{i}: {_fmt(raw)}")
-
-            record = run_calibration(env, tier, repeats, score_once=score_once, on_progress=on_progress,
-                                     command=shlex.join(["openrebench", *sys.argv[1:]]))
+        record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
+                                       command=shlex.join(["openrebench", *sys.argv[1:]]))
     table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
     for col in ("solution", "n", "mean", "median", "CV"):
         table.add_column(col, justify="right")

@@ -10,12 +10,13 @@ from ._paths import cache_dir
 from ._protocol import HostChannel, SolutionError, SolutionProcess
 from ._run import Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
-from ._scoring import run_scorer, score_run, snapshot_workspace, start_run
+from ._scoring import calibrate_environment, run_scorer, score_run, snapshot_workspace, start_run
 
 __all__ = [
     "CalibrationRecord", "Direction", "Environment", "Hardware", "HostChannel", "NormConstants",
     "OpenRebenchError", "Run", "RunInfo", "ScoreResult", "ScoreRow", "SolutionError", "SolutionProcess",
-    "Stats", "TamperGuard", "TierSpec", "append_row", "cache_dir", "calibrate", "constants_for",
+    "Stats", "TamperGuard", "TierSpec", "append_row", "cache_dir", "calibrate", "calibrate_environment",
+    "constants_for",
     "detect_hardware", "final_row", "final_score", "find_record", "normalise", "read_log", "run_scorer",
     "save_record", "score_run", "snapshot_workspace", "start_run",
 ]

@@ -21,7 +21,7 @@ class OptimizeKernel(Environment):
             name="mini", description="CPU, 2**22 elements: the starting solution takes tens of milliseconds.",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
             score_timeout_s=300, memory_limit_gb=6,
-            params={"length": 2**22, "warmup_calls": 3, "timed_calls": 10, "call_timeout_s": 30,
+            params={"length": 2**22, "warmup_calls": 3, "timed_calls": 20, "call_timeout_s": 30,
                     "setup_timeout_s": 120},
             default_constants=NormConstants(
                 start=math.log(80.0), reference=math.log(8.0),

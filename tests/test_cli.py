@@ -1,0 +1,86 @@
+"""The `openrebench` command: listing, errors as one clear line, and the mini path end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from openrebench.cli import app
+from openrebench.core import Run
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_list_and_info_show_the_kernel_environment() -> None:
+    code, out = invoke("list")
+    assert code == 0 and "optimize_kernel" in out and "ai_rd_triton_cumsum" in out
+    code, out = invoke("info", "optimize_kernel")
+    assert code == 0
+    assert "tier mini" in out and "tier full" in out and "RE-Bench paper" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("info", "nope"), "error: unknown environment 'nope' (known: optimize_kernel)"),
+    (("start", "nope", "RUN"), "error: unknown environment 'nope'"),
+    (("start", "optimize_kernel", "--tier", "huge", "RUN"), "error: unknown tier 'huge' for optimize_kernel"),
+    (("score", "MISSING"), "does not exist"),
+    (("log", "MISSING"), "does not exist"),
+    (("result", "NOTARUN"), "is not an openrebench run"),
+    (("calibrate", "optimize_kernel", "--tier", "huge"), "error: unknown tier 'huge'"),
+])
+def test_bad_input_gives_one_clear_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    (tmp_path / "NOTARUN").mkdir()
+    args = tuple(str(tmp_path / a) if a in ("RUN", "MISSING", "NOTARUN") else a for a in args)
+    code, out = invoke(*args)
+    assert code == 1
+    assert message in out
+    assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_start_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    code, out = invoke("start", "optimize_kernel", str(tmp_path))
+    assert code == 1 and "already exists and is not an empty directory" in out
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_malformed_run_file_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_text("{not json")
+    code, out = invoke("log", str(tmp_path))
+    assert code == 1 and "is not a valid run file" in out
+
+
+@pytest.mark.slow
+def test_mini_path_start_reference_score_result(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, out = invoke("start", "optimize_kernel", "--tier", "mini", str(run_dir))
+    assert code == 0, out
+    assert "Optimize a kernel" in out and "Workspace:" in out
+    run = Run.open(run_dir / "workspace")  # any folder inside the run finds it
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["env_id"] == "optimize_kernel" and info["tier"] == "mini" and info["hardware"]["torch"]
+    (setup,), _ = run.rows()
+    assert setup.kind == "setup" and not setup.charged and setup.valid
+    assert setup.normalised is not None and setup.normalised <= 0.2, setup  # the start is ~0, within noise
+
+    from openrebench.environments import get_environment
+
+    get_environment("optimize_kernel").install_reference(run.workspace)
+    code, out = invoke("score", str(run_dir))
+    assert code == 0 and "Valid:" in out, out
+    rows, _ = run.rows()
+    assert rows[-1].charged and rows[-1].normalised is not None and rows[-1].normalised >= 0.9, rows[-1]
+
+    code, out = invoke("log", str(run_dir))
+    assert code == 0 and "setup (free)" in out
+    code, out = invoke("result", str(run_dir))
+    assert code == 0 and "from row #1" in out
