@@ -92,8 +92,8 @@ def main() -> None:
     direct["speedup"] = direct["start"]["median_ms"] / direct["reference"]["median_ms"]
     del x, want
 
-    def progress(which: str, i: int, raw: float | None) -> None:
-        shown = "invalid" if raw is None else f"{raw:.4f} ({math.exp(raw):.3f} ms)"
+    def progress(which: str, i: int, raw: float | None, message: str) -> None:
+        shown = message if raw is None else f"{raw:.4f} ({math.exp(raw):.3f} ms)"
         print(f"  scoring {which} #{i}: {shown}", flush=True)
 
     t0 = time.perf_counter()

@@ -197,9 +197,10 @@ def calibrate(
     with Progress(console=console) as progress:
         task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
 
-        def on_progress(which: str, i: int, raw: float | None) -> None:
+        def on_progress(which: str, i: int, raw: float | None, message: str) -> None:
             progress.advance(task)
-            progress.console.print(f"  {which} #{i}: {_fmt(raw)}")
+            progress.console.print(f"  {which} #{i}: {_fmt(raw) if raw is not None else message}",
+                                   highlight=False)
 
         record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
                                        command=shlex.join(["openrebench", *sys.argv[1:]]))

@@ -94,23 +94,29 @@ def constants_for(env: Environment, tier: str, hardware: Hardware | None = None)
     return default.model_copy(update={"source": f"{default.source} (no calibration for {key}: tier default)"})
 
 
-def calibrate(env: Environment, tier: str, repeats: int, *, score_once: Callable[[str], float | None],
-              command: str, on_progress: Callable[[str, int, float | None], None] | None = None,
-              ) -> CalibrationRecord:
-    """Score the starting and the reference solutions `repeats` times each (via `score_once(which)`)."""
+ProgressFn = Callable[[str, int, float | None, str], None]
+
+
+def calibrate(env: Environment, tier: str, repeats: int, *,
+              score_once: Callable[[str], tuple[float | None, str]], command: str,
+              on_progress: ProgressFn | None = None) -> CalibrationRecord:
+    """Score the starting and the reference solutions `repeats` times each.
+
+    `score_once(which)` returns (raw score or None, message); `on_progress(which, i, raw, message)`.
+    """
     from openrebench import __version__
 
     values: dict[str, list[float]] = {"start": [], "reference": []}
     invalid = {"start": 0, "reference": 0}
     for which in ("start", "reference"):
         for i in range(repeats):
-            raw = score_once(which)
+            raw, message = score_once(which)
             if raw is None:
                 invalid[which] += 1
             else:
                 values[which].append(raw)
             if on_progress:
-                on_progress(which, i + 1, raw)
+                on_progress(which, i + 1, raw, message)
         if not values[which]:
             from ._errors import OpenRebenchError
 

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import psutil
 
-from ._calibration import CalibrationRecord, calibrate
+from ._calibration import CalibrationRecord, ProgressFn, calibrate
 from ._environment import ScoreResult
 from ._errors import OpenRebenchError
 from ._isolation import pid_namespace_prefix
@@ -192,8 +191,7 @@ def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None) ->
 
 
 def calibrate_environment(env_id: str, tier: str, repeats: int, *, command: str,
-                          on_progress: Callable[[str, int, float | None], None] | None = None,
-                          ) -> CalibrationRecord:
+                          on_progress: ProgressFn | None = None) -> CalibrationRecord:
     """Score the starting and the reference solutions `repeats` times each, in throw-away runs."""
     from openrebench.environments import get_environment
 
@@ -202,12 +200,13 @@ def calibrate_environment(env_id: str, tier: str, repeats: int, *, command: str,
     with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
         runs: dict[str, Run] = {}
 
-        def score_once(which: str) -> float | None:
+        def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
                 run = Run.create(env, tier, Path(tmp) / which)
                 env.setup_run(tier, run.workspace, run.protected, Path(tmp))
                 (env.install_reference if which == "reference" else env.install_starting)(run.workspace)
                 runs[which] = run
-            return score_run(runs[which], kind="calibration", charged=False).raw
+            row = score_run(runs[which], kind="calibration", charged=False)
+            return row.raw, row.message
 
         return calibrate(env, tier, repeats, score_once=score_once, command=command, on_progress=on_progress)
