@@ -84,3 +84,24 @@ def test_mini_path_start_reference_score_result(tmp_path: Path) -> None:
     assert code == 0 and "setup (free)" in out
     code, out = invoke("result", str(run_dir))
     assert code == 0 and "from row #1" in out
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_record_that_new_runs_use(tmp_path: Path) -> None:
+    from openrebench.core import Run as RunClass
+    from openrebench.core import cache_dir
+    from openrebench.environments import get_environment
+
+    code, out = invoke("calibrate", "optimize_kernel", "--tier", "mini", "--repeats", "2",
+                       "--out", str(tmp_path / "records"))
+    assert code == 0, out
+    assert "CV" in out and "median" in out
+    records = list((cache_dir() / "calibration" / "optimize_kernel").glob("mini--cpu-*.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert len(record["start"]["values"]) == 2 and len(record["reference"]["values"]) == 2
+    assert record["reference"]["median"] < record["start"]["median"]  # ln(ms): the reference is faster
+    assert (tmp_path / "records" / records[0].name).exists()
+    run = RunClass.create(get_environment("optimize_kernel"), "mini", tmp_path / "run")
+    assert run.info.constants.source.startswith("local calibration on cpu:")
+    assert run.info.constants.start == record["start"]["median"]

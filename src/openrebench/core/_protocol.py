@@ -110,12 +110,15 @@ class SolutionProcess:
         tail = self.output_tail()
         return SolutionError(f"the solution process {what}" + (f"; its last output:\n{tail}" if tail else ""))
 
-    def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
-        """Send one request, wait at most `timeout` s for its reply; raise SolutionError otherwise."""
+    def send(self, message: dict[str, Any]) -> None:
         try:
             write_message(self._write_fd, message)
         except (BrokenPipeError, OSError):
             raise self._died() from None
+
+    def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        """Send one request, wait at most `timeout` s for its reply; raise SolutionError otherwise."""
+        self.send(message)
         return self.receive(timeout, what)
 
     def receive(self, timeout: float, what: str) -> dict[str, Any]:

@@ -23,9 +23,11 @@ class OptimizeKernel(Environment):
             score_timeout_s=300, memory_limit_gb=6,
             params={"length": 2**22, "warmup_calls": 3, "timed_calls": 20, "call_timeout_s": 30,
                     "setup_timeout_s": 120},
+            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
+            # default for CPUs without a record of their own (`openrebench calibrate` makes one).
             default_constants=NormConstants(
-                start=math.log(80.0), reference=math.log(8.0),
-                source="estimate for a 2-core Xeon, used only until calibrated"),
+                start=4.8117, reference=0.8340,
+                source="2-core Xeon calibration of 2026-11-29 (123 ms start, 2.30 ms reference)"),
         ),
         "full": TierSpec(
             name="full", description="One CUDA GPU, 1e8 elements, as in the paper.",
@@ -33,9 +35,11 @@ class OptimizeKernel(Environment):
             score_timeout_s=900, memory_limit_gb=32,
             params={"length": 100_000_000, "warmup_calls": 3, "timed_calls": 10, "call_timeout_s": 120,
                     "setup_timeout_s": 300},
+            # The shipped H200 record (calibration/full--cuda-nvidia-h200.json): the default for GPUs
+            # that have no record of their own yet.
             default_constants=NormConstants(
-                start=math.log(4.76), reference=math.log(1.6),
-                source="RE-Bench paper, H100 (used only until calibrated)"),
+                start=1.2332, reference=-0.7555,
+                source="H200 calibration of 2026-11-29 (3.43 ms start, 0.470 ms reference)"),
             paper_constants=NormConstants(
                 start=math.log(4.76), reference=math.log(1.6),
                 source="RE-Bench paper (arXiv 2411.15114), H100: start 4.76 ms, reference 1.6 ms"),

@@ -64,41 +64,43 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
         y = expected_output(x)
         return digest(y), digest(x), y[:64].tolist()
 
-    expectations: list[tuple[list[int], list[int], list[int]]] = []
-
-    def call(host: SolutionProcess, i: int, label: str) -> tuple[float, float, float]:
-        t0 = time.perf_counter()
-        reply = host.request({"op": "call", "i": i}, call_timeout, f"prefix_sum on the {label} input")
-        rtt_ms = (time.perf_counter() - t0) * 1e3
-        check = host.receive(call_timeout, f"checking the output for the {label} input")
-        want, want_input, want_head = expectations[i]
+    def verify(i: int, label: str, check: dict[str, Any]) -> None:
+        want, want_input, want_head = expect(i)
         if check.get("input_digest") != want_input:
             raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
         if check.get("digest") != want:
             raise SolutionError(f"wrong output for the {label} input: "
                                 f"{_first_mismatch(list(check.get('head', [])), want_head)}")
+
+    def call(host: SolutionProcess, i: int, label: str) -> tuple[float, float, float, dict[str, Any]]:
+        t0 = time.perf_counter()
+        reply = host.request({"op": "call", "i": i}, call_timeout, f"prefix_sum on the {label} input")
+        rtt_ms = (time.perf_counter() - t0) * 1e3
+        check = host.receive(call_timeout, f"checking the output for the {label} input")
         ms, wall_ms = float(reply["ms"]), float(reply["wall_ms"])
         if not (math.isfinite(ms) and ms > 0):
             raise SolutionError(f"the host reported an impossible time ({ms!r} ms)")
-        return ms, wall_ms, rtt_ms
+        return ms, wall_ms, rtt_ms, check
 
     try:
         with SolutionProcess(HOST_MODULE, solution) as host:
-            # All expected digests are computed now, while the host starts up, so that this process
-            # never competes with the solution for the GPU while it is being timed.
-            expectations.extend(expect(i) for i in range(len(specs)))
+            host.send({"device": spec.device, "inputs": specs, "digest_seed": digest_seed})
+            host.receive(float(p["setup_timeout_s"]), "setting up the inputs and importing solution.py")
+            for i, (label, _) in enumerate(checks):
+                verify(i, label, call(host, i, label)[3])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            host.request({"device": spec.device, "inputs": specs, "digest_seed": digest_seed},
-                         float(p["setup_timeout_s"]), "setting up the inputs and importing solution.py")
-            for i, (label, _) in enumerate(checks):
-                call(host, i, label)
             pings = []
             for _ in range(5):
                 t0 = time.perf_counter()
                 host.request({"op": "ping"}, call_timeout, "answering a ping")
                 pings.append((time.perf_counter() - t0) * 1e3)
-            times = [call(host, len(checks) + k, f"timing #{k + 1}") for k in range(warmup + timed)][warmup:]
+            # While the solution is timed this process computes nothing (it would compete for the
+            # processor or the GPU); the timed calls' outputs are verified afterwards.
+            calls = [call(host, len(checks) + k, f"timing #{k + 1}") for k in range(warmup + timed)]
+        for k, result in enumerate(calls):
+            verify(len(checks) + k, f"timing #{k + 1}", result[3])
+        times = calls[warmup:]
     except SolutionError as e:
         return ScoreResult.invalid(f"Invalid: {e}")
 
