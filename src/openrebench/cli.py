@@ -205,11 +205,11 @@ def calibrate(
         record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
                                        command=shlex.join(["openrebench", *sys.argv[1:]]))
     table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
-    for col in ("solution", "n", "mean", "median", "CV"):
+    for col in ("solution", "n", "mean", "median", "sd", "CV"):
         table.add_column(col, justify="right")
     for which, stats in (("start", record.start), ("reference", record.reference)):
         table.add_row(which, str(len(stats.values)), f"{stats.mean:.4f}", f"{stats.median:.4f}",
-                      f"{stats.cv:.2%}")
+                      f"{stats.sd:.4f}", f"{stats.cv:.2%}")
     console.print(table)
     if record.invalid:
         err.print(f"[yellow]warning:[/] invalid scorings: {record.invalid}")

@@ -21,16 +21,20 @@ from ._paths import cache_dir
 
 
 class Stats(BaseModel):
+    """Summary of repeated raw scores. For log-scale scores (ln ms) the standard deviation is the
+    relative spread of the underlying quantity; the CV of a log is only meaningful away from zero."""
+
     values: list[float]
     mean: float
     median: float
+    sd: float = 0.0
     cv: float = 0.0
 
     @classmethod
     def of(cls, values: list[float]) -> Stats:
         mean = statistics.fmean(values)
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return cls(values=values, mean=mean, median=statistics.median(values),
+        return cls(values=values, mean=mean, median=statistics.median(values), sd=sd,
                    cv=abs(sd / mean) if mean else 0.0)
 
 
