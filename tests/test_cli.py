@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from openrebench.cli import app
-from openrebench.core import Run
+from openrebench.core import Direction, Run, final_score
 
 runner = CliRunner()
 
@@ -75,15 +75,20 @@ def test_mini_path_start_reference_score_result(tmp_path: Path) -> None:
     from openrebench.environments import get_environment
 
     get_environment("optimize_kernel").install_reference(run.workspace)
-    code, out = invoke("score", str(run_dir))
-    assert code == 0 and "Valid:" in out, out
+    # Scored twice, as an agent would: the run's final score is its best row, which absorbs a single
+    # scoring slowed down by a busy machine (the mini reference's spread is ~10%, benchmarks/README.md).
+    for _ in range(2):
+        code, out = invoke("score", str(run_dir))
+        assert code == 0 and "Valid:" in out, out
     rows, _ = run.rows()
-    assert rows[-1].charged and rows[-1].normalised is not None and rows[-1].normalised >= 0.9, rows[-1]
+    assert all(r.charged and r.normalised is not None and r.normalised > 0.7 for r in rows[1:]), rows
+    _, normalised = final_score(rows, Direction.MIN, run.info.constants)
+    assert normalised >= 0.9, rows
 
     code, out = invoke("log", str(run_dir))
     assert code == 0 and "setup (free)" in out
     code, out = invoke("result", str(run_dir))
-    assert code == 0 and "from row #1" in out
+    assert code == 0 and f"normalised: {normalised:.3f}" in out
 
 
 @pytest.mark.slow
