@@ -1,0 +1,121 @@
+"""Isolation of the agent's sandbox: what a hostile agent tries from inside it fails or is contained."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from openrebench.core import Run
+from openrebench.environments import get_environment
+from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+from openrebench.harness._bwrap import SANDBOX_UID, bwrap_binary
+
+pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
+
+
+def make_run(path: Path) -> Run:
+    env = get_environment("optimize_kernel")
+    run = Run.create(env, "mini", path)
+    env.setup_run("mini", run.workspace, run.protected, path)
+    run.mark_started()
+    return run
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[OpenRebenchSandbox]:
+    loop = asyncio.new_event_loop()
+    run = make_run(tmp_path / "run")
+    (run.protected / "heldout.bin").write_text("secret held-out data")
+    config = SandboxConfig(env_id="optimize_kernel", tier="mini", memory_limit_gb=2)
+    sandbox = loop.run_until_complete(OpenRebenchSandbox.for_run(run, config))
+    sandbox.loop = loop  # type: ignore[attr-defined]
+    yield sandbox
+    loop.run_until_complete(sandbox.close())
+    loop.close()
+
+
+def sh(box: OpenRebenchSandbox, script: str, timeout: int = 60):  # noqa: ANN201
+    return box.loop.run_until_complete(box.exec(["bash", "-c", script], timeout=timeout))  # type: ignore[attr-defined]
+
+
+def test_workspace_is_writable_and_python_with_torch_works(box: OpenRebenchSandbox) -> None:
+    result = sh(box, "pwd; echo hi > note.txt; python -c 'import torch; print(torch.__version__)'")
+    assert result.success, result.stderr
+    assert result.stdout.splitlines()[0] == "/workspace"
+    assert (box.run.workspace / "note.txt").read_text() == "hi\n"
+
+
+def test_protected_data_score_log_and_run_files_are_unreachable(box: OpenRebenchSandbox) -> None:
+    run = box.run
+    result = sh(box, f"cat {run.protected}/heldout.bin; ls {run.path}; echo x >> {run.score_log_path}; "
+                     f"ls /run/openrebench; cat /workspace/../protected/heldout.bin")
+    assert "secret" not in result.stdout
+    assert "score.sock" in result.stdout  # the one thing of the harness the agent sees
+    assert run.score_log_path.read_text() == ""
+    assert "run.json" not in result.stdout
+
+
+def test_reference_solution_of_the_package_is_hidden(box: OpenRebenchSandbox) -> None:
+    import openrebench
+
+    ref = Path(openrebench.__file__).parent / "environments" / "optimize_kernel" / "reference"
+    result = sh(box, f"ls -A {ref} 2>&1; cat {ref}/solution.py 2>&1 | head -3")
+    assert "def prefix_sum" not in result.stdout
+
+
+def test_no_network(box: OpenRebenchSandbox) -> None:
+    code = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 22), timeout=3)\n" \
+           "    print('CONNECTED')\nexcept OSError as e:\n    print('blocked', e)\n"
+    result = sh(box, f"python -c \"{code}\"; ip link 2>/dev/null | grep -c UP || true")
+    assert "CONNECTED" not in result.stdout and "blocked" in result.stdout
+
+
+def test_other_runs_and_root_only_files_are_unreadable(box: OpenRebenchSandbox, tmp_path: Path) -> None:
+    other = make_run(tmp_path / "other")
+    (other.workspace / "solution.py").write_text("# another agent's work")
+    secret = tmp_path / "root-only.txt"
+    secret.write_text("root secret")
+    secret.chmod(0o600)
+    result = sh(box, f"cat {other.workspace}/solution.py; cat {secret}; ls -A /root /home; id -u")
+    assert "another agent" not in result.stdout and "root secret" not in result.stdout
+    shadow = sh(box, "cat /etc/shadow")
+    assert not shadow.success and shadow.stdout == ""
+    if os.geteuid() == 0:
+        assert result.stdout.strip().splitlines()[-1] == str(SANDBOX_UID)
+
+
+def test_fork_bomb_is_contained(box: OpenRebenchSandbox) -> None:
+    with pytest.raises(TimeoutError):
+        sh(box, "bomb() { bomb | bomb & }; bomb; sleep 60", timeout=5)
+    # Everything the bomb started went with the sandbox's PID namespace.
+    left = [p for p in psutil.process_iter(["uids", "name"])
+            if p.info["uids"] and p.info["uids"].real == SANDBOX_UID and p.info["name"] == "bash"]
+    assert left == []
+    assert sh(box, "echo alive").stdout.strip() == "alive"
+
+
+def test_filling_memory_is_contained(box: OpenRebenchSandbox) -> None:
+    script = textwrap.dedent("""
+        try:
+            blocks = [bytearray(256 * 1024 * 1024) for _ in range(40)]
+            print('ALLOCATED 10 GB')
+        except MemoryError:
+            print('MemoryError')
+    """)
+    result = sh(box, f"python -c \"{script}\"")
+    assert "ALLOCATED" not in result.stdout and "MemoryError" in result.stdout
+
+
+def test_score_command_in_the_sandbox_asks_the_harness(box: OpenRebenchSandbox) -> None:
+    (box.run.workspace / "solution.py").write_text("def prefix_sum(x):\n    return x\n")
+    result = sh(box, "score", timeout=300)
+    assert "Invalid: wrong output" in result.stdout, result.stdout + result.stderr
+    rows, _ = box.run.rows()
+    assert len(rows) == 1 and rows[0].raw is None and rows[0].charged
+    assert "#0" in sh(box, "score log").stdout
