@@ -9,6 +9,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -c "from openrebench.harness._offline import install_from_litellm_wheel; install_from_litellm_wheel()"
 	touch $(STAMP)
 
 install: $(STAMP)

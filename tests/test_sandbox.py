@@ -40,7 +40,7 @@ def box(tmp_path: Path) -> Iterator[OpenRebenchSandbox]:
     loop.close()
 
 
-def sh(box: OpenRebenchSandbox, script: str, timeout: int = 60):  # noqa: ANN201
+def sh(box: OpenRebenchSandbox, script: str, timeout: int = 60):
     return box.loop.run_until_complete(box.exec(["bash", "-c", script], timeout=timeout))  # type: ignore[attr-defined]
 
 

@@ -248,6 +248,67 @@ def demo(
                   f"(constants: {run.info.constants.source})", highlight=False)
 
 
+def _duration(text: str) -> float:
+    """'90s', '30m', '2h' or plain seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise OpenRebenchError(f"bad duration '{text}' (use e.g. 90s, 30m, 2h)") from None
+
+
+@app.command("eval")
+@_user_errors
+def eval_(
+    env_ids: Annotated[list[str], typer.Argument(help="Environment ids, or 'all'.")],
+    tier: TierOpt = "mini",
+    agent: Annotated[str, typer.Option(help="oracle (no model), react or human.")] = "oracle",
+    model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o.")] = None,
+    time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m (default: "
+                                                         "the tier's).")] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
+    log_dir: Annotated[Path, typer.Option(help="Where Inspect writes its logs.")] = Path("logs"),
+    runs_dir: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
+    isolation: Annotated[str, typer.Option(help="bwrap (default) or local (no isolation).")] = "bwrap",
+) -> None:
+    """Run agents on environments through Inspect AI, then print a results table."""
+    from inspect_ai import eval as inspect_eval
+
+    from openrebench.environments import ENVIRONMENTS
+    from openrebench.harness import TASKS
+
+    ids = list(ENVIRONMENTS) if env_ids == ["all"] else env_ids
+    for env_id in ids:
+        _env(env_id).tier(tier)
+    if agent not in ("oracle", "react", "human"):
+        raise OpenRebenchError(f"unknown agent '{agent}' (known: oracle, react, human)")
+    if isolation not in ("bwrap", "local"):
+        raise OpenRebenchError(f"unknown isolation '{isolation}' (known: bwrap, local)")
+    if agent == "react" and model is None:
+        raise OpenRebenchError("the react agent needs --model")
+    seconds = _duration(time_limit) if time_limit else None
+    tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
+                      isolation=isolation) for e in ids]
+    logs = inspect_eval(tasks, model=model or "mockllm/model", epochs=epochs, log_dir=str(log_dir))
+    table = Table(title=f"openrebench eval — {agent} on {tier}")
+    for col in ("environment", "epoch", "normalised", "raw", "run"):
+        table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")
+    for log in logs:
+        if log.status != "success" or not log.samples:
+            reason = log.error.message if log.error else log.status
+            table.add_row(log.eval.task, "—", "error", "—", str(reason))
+            continue
+        for sample in log.samples:
+            for score in (sample.scores or {}).values():
+                meta = score.metadata or {}
+                table.add_row(log.eval.task, str(sample.epoch), f"{float(score.value):.3f}",
+                              _fmt(meta.get("raw")), str(meta.get("run_dir", "")))
+    console.print(table)
+    console.print(f"Inspect logs: {log_dir} (open them with `inspect view --log-dir {log_dir}`)")
+
+
 def main() -> None:
     app()
 

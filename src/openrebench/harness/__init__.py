@@ -1,7 +1,10 @@
 """The agent harness on Inspect AI: the bubblewrap sandbox, the score tools, agents and tasks."""
 
+from ._offline import use_local_tiktoken_cache
 from ._sandbox import OpenRebenchSandbox, SandboxConfig
 from ._task import TASKS, oracle, rebench_task, run_score, score, score_log
+
+use_local_tiktoken_cache()  # before Inspect first counts tokens
 
 __all__ = ["TASKS", "OpenRebenchSandbox", "SandboxConfig", "oracle", "rebench_task", "run_score", "score",
            "score_log"]
