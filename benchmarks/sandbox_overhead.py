@@ -1,0 +1,89 @@
+"""Sandbox start-up latency and per-score overhead of the Inspect harness.
+
+- start-up: `true` run through the bubblewrap sandbox (OpenRebenchSandbox.exec), against the same
+  command run directly;
+- per-score overhead: the `score` command inside the sandbox (socket round trip to the harness, the
+  scorer process, the log row) against calling `score_run` directly, on a solution that the scorer
+  rejects at import (so the difference is the harness's, not the solution's).
+
+    .venv/bin/python benchmarks/sandbox_overhead.py --repeats 20 \
+        --out benchmarks/results/sandbox_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from openrebench.core import Run, detect_hardware, score_run
+from openrebench.environments import get_environment
+from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+async def measure(repeats: int, tmp: Path) -> dict[str, list[float]]:
+    env = get_environment("optimize_kernel")
+    run = Run.create(env, "mini", tmp / "run")
+    env.setup_run("mini", run.workspace, run.protected, tmp)
+    (run.workspace / "solution.py").write_text("raise SystemExit('rejected at import')\n")
+    run.mark_started()
+    box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
+    times: dict[str, list[float]] = {"direct_true": [], "sandbox_true": [], "direct_score": [],
+                                     "sandbox_score": []}
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run(["true"], check=True)
+            times["direct_true"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            assert (await box.exec(["true"])).success
+            times["sandbox_true"].append(time.perf_counter() - t0)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            row = score_run(run)
+            times["direct_score"].append(time.perf_counter() - t0)
+            assert row.raw is None
+            t0 = time.perf_counter()
+            result = await box.exec(["score"], timeout=300)
+            times["sandbox_score"].append(time.perf_counter() - t0)
+            assert "rejected at import" in result.stdout, result.stdout + result.stderr
+    finally:
+        await box.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        times = asyncio.run(measure(args.repeats, Path(tmp)))
+    med = {k: median_ms(v) for k, v in times.items()}
+    print(f"{'':<34}{'median ms':>12}")
+    print(f"{'process start, direct (true)':<34}{med['direct_true']:>12.1f}")
+    print(f"{'process start, in sandbox (true)':<34}{med['sandbox_true']:>12.1f}")
+    print(f"{'sandbox start-up overhead':<34}{med['sandbox_true'] - med['direct_true']:>12.1f}")
+    print(f"{'score_run, direct':<34}{med['direct_score']:>12.1f}")
+    print(f"{'score command, in sandbox':<34}{med['sandbox_score']:>12.1f}")
+    print(f"{'per-score overhead':<34}{med['sandbox_score'] - med['direct_score']:>12.1f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "repeats": args.repeats,
+                                    "hardware": detect_hardware().model_dump(), "median_ms": med,
+                                    "seconds": times}, indent=2) + "\n")
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
