@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from openrebench.core import Run, detect_hardware, score_run
-from openrebench.environments import get_environment
+from openrebench.core import detect_hardware, score_run, start_run
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
 
 
@@ -32,11 +31,8 @@ def median_ms(values: list[float]) -> float:
 
 
 async def measure(repeats: int, tmp: Path) -> dict[str, list[float]]:
-    env = get_environment("optimize_kernel")
-    run = Run.create(env, "mini", tmp / "run")
-    env.setup_run("mini", run.workspace, run.protected, tmp)
+    run, _ = start_run("optimize_kernel", "mini", tmp / "run", score_start=False)
     (run.workspace / "solution.py").write_text("raise SystemExit('rejected at import')\n")
-    run.mark_started()
     box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
     times: dict[str, list[float]] = {"direct_true": [], "sandbox_true": [], "direct_score": [],
                                      "sandbox_score": []}

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import Run
-from openrebench.environments import get_environment
+from openrebench.core import Run, start_run
 
 
 @pytest.fixture(autouse=True)
@@ -19,8 +18,4 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 @pytest.fixture
 def kernel_run(tmp_path: Path) -> Run:
     """A mini optimize_kernel run with the starting solution, without the set-up scoring."""
-    env = get_environment("optimize_kernel")
-    run = Run.create(env, "mini", tmp_path / "run")
-    env.setup_run("mini", run.workspace, run.protected, tmp_path)
-    run.mark_started()
-    return run
+    return start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)[0]

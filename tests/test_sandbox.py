@@ -11,8 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from openrebench.core import Run
-from openrebench.environments import get_environment
+from openrebench.core import Run, start_run
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
 from openrebench.harness._bwrap import SANDBOX_UID, bwrap_binary
 
@@ -20,11 +19,7 @@ pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is no
 
 
 def make_run(path: Path) -> Run:
-    env = get_environment("optimize_kernel")
-    run = Run.create(env, "mini", path)
-    env.setup_run("mini", run.workspace, run.protected, path)
-    run.mark_started()
-    return run
+    return start_run("optimize_kernel", "mini", path, score_start=False)[0]
 
 
 @pytest.fixture

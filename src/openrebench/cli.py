@@ -137,6 +137,7 @@ def start(
     env.tier(tier)
     with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
         run, row = start_run(env_id, tier, directory, seed=seed)
+        assert row is not None
     console.print(Markdown(env.instructions(tier)))
     _print_row(run, row)
     console.print(f"\nWorkspace: [bold]{run.workspace}[/]\nScore with: openrebench score {run.path}")
@@ -237,6 +238,7 @@ def demo(
 
     with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
         run, row = start_run(env_id, tier, directory)
+        assert row is not None
     _print_row(run, row)
     env.install_reference(run.workspace)
     console.print("Reference solution put in place of the agent's.")

@@ -175,8 +175,10 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
 
 
 
-def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None) -> tuple[Run, ScoreRow]:
-    """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution."""
+def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None,
+              score_start: bool = True) -> tuple[Run, ScoreRow | None]:
+    """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution
+    (skipped with `score_start=False`, for calibration and tests)."""
     from openrebench.environments import get_environment
 
     from ._paths import cache_dir
@@ -185,7 +187,7 @@ def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None) ->
     run = Run.create(env, tier, path, seed=seed)
     env.build_assets(tier, cache_dir())
     env.setup_run(tier, run.workspace, run.protected, cache_dir())
-    row = score_run(run, kind="setup", charged=False)
+    row = score_run(run, kind="setup", charged=False) if score_start else None
     run.mark_started()
     return run, row
 
@@ -202,8 +204,7 @@ def calibrate_environment(env_id: str, tier: str, repeats: int, *, command: str,
 
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
-                run = Run.create(env, tier, Path(tmp) / which)
-                env.setup_run(tier, run.workspace, run.protected, Path(tmp))
+                run, _ = start_run(env_id, tier, Path(tmp) / which, score_start=False)
                 (env.install_reference if which == "reference" else env.install_starting)(run.workspace)
                 runs[which] = run
             row = score_run(runs[which], kind="calibration", charged=False)
