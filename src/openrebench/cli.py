@@ -62,15 +62,8 @@ def _score_with_status(run: Run, label: str, **kwargs: Any) -> ScoreRow:
 
 
 def _print_row(run: Run, row: ScoreRow) -> None:
-    env = _env(run.info.env_id)
     style = "green" if row.valid else "red"
-    lines = [row.message]
-    if env.score_visible and row.valid:
-        lines.append(f"raw {row.raw:.4f}   normalised {row.normalised:.3f}")
-    if run.info.started_at is not None:
-        left = env.tier(run.info.tier).time_limit_hours * 3600 - row.elapsed_s
-        lines.append(f"working time used {row.elapsed_s / 60:.1f} min, {max(left, 0) / 60:.1f} min left")
-    console.print(Panel("\n".join(lines), title=f"score #{row.index}", border_style=style), highlight=False)
+    console.print(Panel(run.describe(row), title=f"score #{row.index}", border_style=style), highlight=False)
 
 
 def _log_table(run: Run, rows: list[ScoreRow]) -> Table:

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ._environment import Environment, NormConstants
+from ._errors import OpenRebenchError
 from ._hardware import Hardware, detect_hardware
 from ._paths import cache_dir
 
@@ -122,8 +123,6 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
             if on_progress:
                 on_progress(which, i + 1, raw, message)
         if not values[which]:
-            from ._errors import OpenRebenchError
-
             raise OpenRebenchError(f"every scoring of the {which} solution was invalid on this machine")
     hardware = detect_hardware()
     return CalibrationRecord(

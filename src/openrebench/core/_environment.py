@@ -97,16 +97,17 @@ class Environment(ABC):
 
     def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""
-        shutil.copytree(self.root / "starting", workspace, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        self.install_starting(workspace)
 
     def install_reference(self, workspace: Path) -> None:
         """Put the reference solution in place of the agent's (for demos, tests and calibration)."""
-        shutil.copytree(self.root / "reference", workspace, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        self._install("reference", workspace)
 
     def install_starting(self, workspace: Path) -> None:
-        shutil.copytree(self.root / "starting", workspace, dirs_exist_ok=True,
+        self._install("starting", workspace)
+
+    def _install(self, folder: str, workspace: Path) -> None:
+        shutil.copytree(self.root / folder, workspace, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
 
     @abstractmethod

@@ -96,3 +96,18 @@ class Run:
         if self.info.started_at is None:
             return 0.0
         return (datetime.now(UTC) - self.info.started_at).total_seconds()
+
+    def describe(self, row: ScoreRow, time_limit_s: float | None = None) -> str:
+        """What the agent is told about a scoring: the message, the score where the environment
+        shows it, and (for charged rows) the working time used and left."""
+        from openrebench.environments import get_environment
+
+        env = get_environment(self.info.env_id)
+        lines = [row.message]
+        if env.score_visible and row.raw is not None:
+            lines.append(f"raw score {row.raw:.4f}, normalised {row.normalised:.3f}")
+        if row.charged:
+            limit = time_limit_s or env.tier(self.info.tier).time_limit_hours * 3600
+            left = max(0.0, limit - row.elapsed_s)
+            lines.append(f"working time used: {row.elapsed_s / 60:.1f} min; left: {left / 60:.1f} min")
+        return "\n".join(lines)

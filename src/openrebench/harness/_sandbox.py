@@ -46,17 +46,6 @@ class SandboxConfig(BaseModel, frozen=True):
     memory_limit_gb: float = 8.0
 
 
-def format_row(run: Run, row: ScoreRow, time_limit_s: float | None) -> str:
-    env = get_environment(run.info.env_id)
-    lines = [row.message]
-    if env.score_visible and row.raw is not None:
-        lines.append(f"raw score {row.raw:.4f}, normalised {row.normalised:.3f}")
-    if time_limit_s:
-        left = max(0.0, time_limit_s - run.elapsed_s())
-        lines.append(f"working time used: {run.elapsed_s() / 60:.1f} min; left: {left / 60:.1f} min")
-    return "\n".join(lines)
-
-
 def format_log(run: Run) -> str:
     env = get_environment(run.info.env_id)
     rows, _ = run.rows()
@@ -133,7 +122,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
             return await anyio.to_thread.run_sync(lambda: score_run(self.run))
 
     def describe(self, row: ScoreRow) -> str:
-        return format_row(self.run, row, self.config.time_limit_s)
+        return self.run.describe(row, self.config.time_limit_s)
 
     async def _start_server(self) -> None:
         sock = self.harness_dir / "score.sock"
