@@ -1,0 +1,37 @@
+"""Analysis of runs: score@k over time budgets, agents against humans, the paper's data, reports."""
+
+from ._analysis import (
+    Allocation,
+    Analysis,
+    Comparison,
+    CostPoint,
+    EnvRow,
+    GroupSummary,
+    HeadlineRow,
+    Settings,
+    TimeCurve,
+    analyze,
+)
+from ._budget import default_budgets, runs_for
+from ._estimators import (
+    Estimate,
+    bootstrap_expected_max,
+    expected_max,
+    max_weights,
+    prob_best_of_k_beats,
+    sample_best_of_k,
+    score_at_k,
+)
+from ._headline import analyze_paper, paper_headline
+from ._load import load_logs, load_prices
+from ._model import HIDDEN_SCORE_ENVS, REBENCH_TO_OURS, Attempt, Dataset
+from ._over_time import best_so_far, interpolated, score_at
+from ._paper import HUMAN_GROUP, PUBLISHED, load_paper
+
+__all__ = [
+    "HIDDEN_SCORE_ENVS", "HUMAN_GROUP", "PUBLISHED", "REBENCH_TO_OURS", "Allocation", "Analysis", "Attempt",
+    "Comparison", "CostPoint", "Dataset", "EnvRow", "Estimate", "GroupSummary", "HeadlineRow", "Settings",
+    "TimeCurve", "analyze", "analyze_paper", "best_so_far", "bootstrap_expected_max", "default_budgets",
+    "expected_max", "interpolated", "load_logs", "load_paper", "load_prices", "max_weights", "paper_headline",
+    "prob_best_of_k_beats", "runs_for", "sample_best_of_k", "score_at", "score_at_k",
+]

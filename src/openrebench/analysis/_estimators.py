@@ -1,0 +1,121 @@
+"""score@k estimators: the paper's sampling estimate, the exact expected maximum, bootstrap intervals.
+
+score@k for one environment is the expected best of k runs drawn with replacement from the runs we
+have. The paper estimates it by sampling; the same quantity has a closed form from order statistics
+(below), so the sampling noise can be measured instead of guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, computed_field
+
+Array = NDArray[np.float64]
+
+
+def max_weights(n: int, k: int) -> Array:
+    """Probability that the i-th smallest of n values is the maximum of k draws with replacement.
+
+    P(max <= x_(i)) = (i/n)^k, so the i-th order statistic gets (i/n)^k - ((i-1)/n)^k. Ties are fine:
+    tied values share their total weight, which is all the expectation needs.
+    """
+    if n < 1 or k < 1:
+        raise ValueError(f"need n >= 1 and k >= 1 (got n={n}, k={k})")
+    cdf = (np.arange(n + 1, dtype=np.float64) / n) ** k
+    return np.diff(cdf)
+
+
+def expected_max(values: Array, k: int) -> float:
+    """Exact E[max of k draws with replacement from `values`]: no sampling noise."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    return float(x @ max_weights(len(x), k))
+
+
+def sample_best_of_k(values: Array, k: int, sims: int, rng: np.random.Generator,
+                     hidden: bool = False) -> Array:
+    """The paper's way, one environment: `sims` draws of k runs, each giving its best (or, for an
+    environment whose score is hidden from the agent, a random one of the k)."""
+    x = np.asarray(values, dtype=np.float64)
+    if hidden:
+        return x[rng.integers(0, len(x), size=sims)]
+    return x[rng.integers(0, len(x), size=(sims, k))].max(axis=1)
+
+
+def bootstrap_expected_max(values: Array, k: int, boots: int, rng: np.random.Generator) -> Array:
+    """E[max of k] recomputed on `boots` resamples (with replacement) of the runs."""
+    x = np.asarray(values, dtype=np.float64)
+    resampled = np.sort(x[rng.integers(0, len(x), size=(boots, len(x)))], axis=1)
+    return resampled @ max_weights(len(x), k)
+
+
+def percentile_interval(replicates: Array, level: float = 0.95) -> tuple[float, float]:
+    finite = replicates[np.isfinite(replicates)]
+    if finite.size == 0:
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(finite, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+class Estimate(BaseModel):
+    """score@k averaged over environments, by both estimators, with a 95% percentile-bootstrap CI."""
+
+    exact: float
+    sampled: float
+    sampled_se: float
+    ci_low: float
+    ci_high: float
+    per_env: dict[str, float]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def disagreement_z(self) -> float:
+        """How many sampling standard errors separate the two estimators (large means: look)."""
+        return (self.sampled - self.exact) / self.sampled_se if self.sampled_se > 0 else 0.0
+
+
+def score_at_k(per_env: Mapping[str, Array], k: int, hidden: frozenset[str] | set[str], *, sims: int,
+               boots: int, seed: int, level: float = 0.95) -> tuple[Estimate, Array]:
+    """score@k over environments (mean of per-environment values) and its bootstrap replicates.
+
+    The interval resamples each environment's runs independently (environments are fixed, runs are
+    the random part) and uses the exact estimator inside, so it carries no sampling noise of its own.
+    """
+    if not per_env:
+        raise ValueError("no environments")
+    rng = np.random.default_rng(seed)
+    exact: dict[str, float] = {}
+    sampled = np.zeros(sims)
+    replicates = np.zeros(boots)
+    for env in sorted(per_env):
+        kk = 1 if env in hidden else k
+        values = np.asarray(per_env[env], dtype=np.float64)
+        exact[env] = expected_max(values, kk)
+        sampled += sample_best_of_k(values, k, sims, rng, hidden=env in hidden)
+        replicates += bootstrap_expected_max(values, kk, boots, rng)
+    n = len(per_env)
+    sampled /= n
+    replicates /= n
+    lo, hi = percentile_interval(replicates, level)
+    est = Estimate(exact=float(np.mean(list(exact.values()))), sampled=float(sampled.mean()),
+                   sampled_se=float(sampled.std(ddof=1) / np.sqrt(sims)) if sims > 1 else 0.0,
+                   ci_low=lo, ci_high=hi, per_env=exact)
+    return est, replicates
+
+
+def prob_best_of_k_beats(agent: Array, k: int, others: Array) -> float:
+    """P(best of k draws from `agent` > a random value of `others`), ties counting one half.
+
+    Exact: P(max <= x) = F(x)^k with F the empirical distribution of `agent`.
+    """
+    a = np.sort(np.asarray(agent, dtype=np.float64))
+    h = np.asarray(others, dtype=np.float64)
+    n = len(a)
+    f_le = np.searchsorted(a, h, side="right") / n
+    f_lt = np.searchsorted(a, h, side="left") / n
+    p_gt = 1 - f_le**k
+    p_eq = f_le**k - f_lt**k
+    return float(np.mean(p_gt + 0.5 * p_eq))

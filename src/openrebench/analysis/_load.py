@@ -1,0 +1,208 @@
+"""Read openrebench's Inspect logs into attempts; every problem is a one-line error or a listed warning.
+
+Nothing is left out silently: a sample without a score stops the analysis unless the caller asks to
+skip incomplete samples, and then each skipped sample is listed in the warnings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from openrebench.core import OpenRebenchError, ScoreRow
+
+from ._model import REBENCH_TO_OURS, Attempt, Dataset
+
+SCORER = "run_score"
+LOG_SUFFIXES = (".eval", ".json")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def log_files(paths: Sequence[Path]) -> list[Path]:
+    """Expand files and directories (searched recursively) into Inspect log files, in a stable order."""
+    from inspect_ai.log import list_eval_logs
+
+    found: list[Path] = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise OpenRebenchError(f"{path} does not exist")
+        if path.is_file():
+            if path.suffix not in LOG_SUFFIXES:
+                raise OpenRebenchError(f"{path} is not an Inspect log (expected a .eval or .json file)")
+            found.append(path.resolve())
+            continue
+        infos = list_eval_logs(str(path), recursive=True)
+        in_dir = sorted(Path(info.name.removeprefix("file://")).resolve() for info in infos)
+        if not in_dir:
+            raise OpenRebenchError(f"{path}: no Inspect logs (.eval or .json) in this directory")
+        found.extend(in_dir)
+    unique = list(dict.fromkeys(found))
+    return unique
+
+
+def _group_label(agent: str, model: str, tier: str) -> str:
+    if agent in ("oracle", "human") or model.startswith("mockllm/"):
+        return f"{agent} ({tier})"
+    return f"{agent} · {model} ({tier})"
+
+
+def _time_limit_h(log: Any, where: str) -> float:
+    seconds = getattr(log.eval.config, "working_limit", None)
+    if seconds is None:
+        seconds = (log.eval.task_args or {}).get("time_limit")
+    if seconds is None:
+        raise OpenRebenchError(f"{where}: the log records no working time limit (eval config "
+                               "working_limit), so the run's length is unknown")
+    return float(seconds) / 3600
+
+
+def _usage(sample: Any, prices: Mapping[str, Mapping[str, float]] | None) -> tuple[int, float | None]:
+    """Tokens and dollars: Inspect's own cost where it has one, else the given prices per 1M tokens."""
+    usage = sample.model_usage or {}
+    tokens = sum(int(u.total_tokens or 0) for u in usage.values())
+    cost = 0.0
+    for model, u in usage.items():
+        if u.total_cost is not None:
+            cost += float(u.total_cost)
+        elif prices and model in prices:
+            p = prices[model]
+            cost += (u.input_tokens * p.get("input", 0.0) + u.output_tokens * p.get("output", 0.0)) / 1e6
+        else:
+            return tokens, None
+    return tokens, cost
+
+
+def _trajectory(rows: list[ScoreRow]) -> list[tuple[float, float | None]]:
+    return [(r.elapsed_s / 3600, r.normalised if r.raw is not None else None)
+            for r in rows if r.kind in ("setup", "score")]
+
+
+def _attempt(log: Any, sample: Any, where: str, prices: Mapping[str, Mapping[str, float]] | None,
+             warnings: list[str]) -> Attempt | str:
+    """The sample as an attempt, or the reason it is incomplete (no score)."""
+    score = (sample.scores or {}).get(SCORER)
+    if score is None:
+        if sample.error is not None:
+            return f"the sample failed ({sample.error.message.strip().splitlines()[0][:160]})"
+        return f"no '{SCORER}' score" + (f" (limit hit: {sample.limit.type})" if sample.limit else "")
+    try:
+        value = float(score.value)
+    except (TypeError, ValueError):
+        raise OpenRebenchError(f"{where}: score value {score.value!r} is not a number") from None
+    if not math.isfinite(value):
+        raise OpenRebenchError(f"{where}: score value {value} is not finite")
+    meta = score.metadata or {}
+    for key in ("fingerprint", "score_log"):
+        if key not in meta:
+            raise OpenRebenchError(f"{where}: score metadata lacks '{key}' (not written by openrebench's "
+                                   "run_score scorer?)")
+    fingerprint = meta["fingerprint"]
+    if not isinstance(fingerprint, dict) or not isinstance(fingerprint.get("hardware"), dict):
+        raise OpenRebenchError(f"{where}: score metadata 'fingerprint' has no hardware record")
+    if not isinstance(meta["score_log"], list):
+        raise OpenRebenchError(f"{where}: score metadata 'score_log' is not a list of rows")
+    rows: list[ScoreRow] = []
+    for i, row in enumerate(meta["score_log"]):
+        try:
+            rows.append(ScoreRow.model_validate(row))
+        except ValidationError as e:
+            raise OpenRebenchError(f"{where}: score_log row {i} is malformed "
+                                   f"({e.errors()[0]['loc']}: {e.errors()[0]['msg']})") from None
+    for w in meta.get("log_warnings") or []:
+        warnings.append(f"{where}: {w}")
+    task_meta = log.eval.metadata or {}
+    env_id = (sample.metadata or {}).get("env_id") or task_meta["env_id"]
+    env_id = REBENCH_TO_OURS.get(env_id, env_id)
+    if fingerprint.get("env_id") not in (None, env_id):
+        raise OpenRebenchError(f"{where}: the sample is for {env_id} but its run fingerprint says "
+                               f"{fingerprint.get('env_id')}")
+    tier = (sample.metadata or {}).get("tier") or task_meta.get("tier") or fingerprint.get("tier") or "?"
+    agent = str(task_meta.get("agent", "unknown"))
+    hours_used = (sample.working_time / 3600 if sample.working_time is not None
+                  else max((r.elapsed_s for r in rows), default=0.0) / 3600)
+    gpus = int(fingerprint["hardware"].get("gpu_count") or 0)
+    tokens, cost = _usage(sample, prices)
+    return Attempt(
+        group=_group_label(agent, str(log.eval.model), tier), is_human=agent == "human", env_id=env_id,
+        tier=tier, length_h=_time_limit_h(log, where), score=value,
+        raw=meta.get("raw") if isinstance(meta.get("raw"), int | float) else None,
+        trajectory=_trajectory(rows), tokens=tokens, cost_usd=cost, gpu_hours=gpus * hours_used,
+        hours_used=hours_used, source=f"{where}")
+
+
+def _read(path: Path) -> Any:
+    from inspect_ai.log import read_eval_log
+
+    try:
+        return read_eval_log(str(path))
+    except Exception as e:  # Inspect raises many kinds for a bad file; all mean "not readable"
+        raise OpenRebenchError(f"{path}: not a readable Inspect log ({_first_line(e)})") from None
+
+
+def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
+              prices: Mapping[str, Mapping[str, float]] | None = None) -> Dataset:
+    """All openrebench samples in the given Inspect logs (files or directories)."""
+    data = Dataset()
+    seen: set[tuple[str, str, int]] = set()
+    for path in log_files(paths):
+        log = _read(path)
+        data.sources.append(str(path))
+        if "env_id" not in (log.eval.metadata or {}):
+            raise OpenRebenchError(f"{path}: not an openrebench log (task '{log.eval.task}' has no env_id "
+                                   "in its metadata)")
+        if not log.samples:
+            reason = f"status {log.status}" + (f": {_first_line(log.error)}" if log.error else "")
+            if not skip_incomplete:
+                raise OpenRebenchError(f"{path}: the log has no samples ({reason}); pass --skip-incomplete "
+                                       "to leave it out")
+            data.warnings.append(f"{path.name}: left out, no samples ({reason})")
+            continue
+        if log.status != "success":
+            data.warnings.append(f"{path.name}: eval status is '{log.status}'; its finished samples are used")
+        for sample in log.samples:
+            where = f"{path.name}#{sample.id}/epoch{sample.epoch}"
+            key = (log.eval.eval_id, str(sample.id), int(sample.epoch))
+            if key in seen:
+                data.warnings.append(f"{where}: the same sample was given twice; counted once")
+                continue
+            seen.add(key)
+            result = _attempt(log, sample, where, prices, data.warnings)
+            if isinstance(result, str):
+                if not skip_incomplete:
+                    raise OpenRebenchError(f"{where}: {result}; pass --skip-incomplete to leave such samples "
+                                           "out")
+                data.warnings.append(f"{where}: left out: {result}")
+                continue
+            data.attempts.append(result)
+    return data
+
+
+def load_prices(path: Path) -> dict[str, dict[str, float]]:
+    """Dollars per million tokens by Inspect model name: {"openai/gpt-4o": {"input": 2.5, "output": 10}}."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise OpenRebenchError(f"{path} does not exist") from None
+    except ValueError as e:
+        raise OpenRebenchError(f"{path}: not valid JSON ({_first_line(e)})") from None
+    def ok(v: object) -> bool:
+        return isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
+
+    if not isinstance(raw, dict) or not all(ok(v) for v in raw.values()):
+        raise OpenRebenchError(f"{path}: expected {{model: {{\"input\": $/1M, \"output\": $/1M}}}}")
+    return {str(k): {str(a): float(b) for a, b in v.items()} for k, v in raw.items()}
+
+
+def describe_sources(sources: Iterable[str]) -> str:
+    items = list(sources)
+    return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")

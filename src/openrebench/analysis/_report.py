@@ -1,0 +1,114 @@
+"""One self-contained HTML page: figures as inline base64 PNG, the tables, methods, caveats, sources."""
+
+from __future__ import annotations
+
+import base64
+import html
+from datetime import UTC, datetime
+from pathlib import Path
+
+from openrebench.core import OpenRebenchError
+
+from ._analysis import Analysis
+from ._figures import FIGURES
+from ._tables import TableSpec, all_tables
+
+MISSING = {
+    "budget": "No group has runs in every environment of the analysis, so there is no score@k curve.",
+    "per_env": "No score@k curves to break down.",
+    "percentile": "No human attempts in the data to compare agents with (add --paper, or logs of the "
+                  "human agent).",
+    "over_time": "No score logs in the data (the paper's release has final scores only).",
+    "cost": "No token, dollar or GPU-hour data (the paper's release has none; mini-tier runs use no GPU).",
+}
+
+CSS = """
+body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1a1a1a;max-width:1180px;
+  margin:2em auto;padding:0 1.2em}
+h1{font-size:1.7em;margin-bottom:.2em}
+h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+figure{margin:1.2em 0}
+figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:.92em}
+table{border-collapse:collapse;margin:.6em 0 1.6em;font-size:.88em}
+th,td{border:1px solid #ddd;padding:.3em .55em;vertical-align:top}
+th{background:#f4f4f4;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:pre-line}
+caption{caption-side:bottom;text-align:left;color:#555;padding-top:.3em;font-size:.92em}
+.meta{color:#555}.warn{color:#8a4b00}.missing{color:#777;font-style:italic}.scroll{overflow-x:auto}
+"""
+
+METHODS = """
+<ul>
+<li><b>score@k</b>: for each environment, the expected best of k runs drawn with replacement from a
+group's runs of one length, averaged over environments. For environments whose score the agent cannot
+see (scaling_law), a random one of the k counts instead of the best. The paper estimates this by
+sampling; we report the exact value from order statistics,
+E[max] = Σ x<sub>(i)</sub>[(i/n)<sup>k</sup> − ((i−1)/n)<sup>k</sup>],
+and also the sampling estimate, and list where they part.</li>
+<li><b>Intervals</b>: percentile bootstrap; each environment's runs are resampled independently and
+score@k recomputed exactly.</li>
+<li><b>Time budgets</b>: a total budget T is spent as k runs of length L with k·L = T; each group gets
+its best split at each T. Humans make 8-hour attempts (k = T/8); below 8 hours they count the score
+their attempts had reached by then, which needs score logs.</li>
+<li><b>Score over time</b>: each run's best-so-far score, interpolated linearly in log time between
+scorings, averaged over runs and then over environments.</li>
+<li><b>Against humans</b>: agent/human ratio of score@k at the same budget, and the chance that an
+agent's best of k beats a random human attempt in the same environment (ties count half), averaged
+over environments.</li>
+</ul>
+"""
+
+
+def _table_html(t: TableSpec) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
+    body = []
+    for row in t.rows:
+        cells = "".join(f'<td class="n">{html.escape(v)}</td>' if i in t.numeric
+                        else f"<td>{html.escape(v)}</td>" for i, v in enumerate(row))
+        body.append(f"<tr>{cells}</tr>")
+    caption = f"<caption>{html.escape(t.caption)}</caption>" if t.caption else ""
+    return (f'<h3 id="table-{t.key}">{html.escape(t.title)}</h3><div class="scroll"><table>{caption}'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def render_report(a: Analysis, title: str = "openrebench analysis") -> str:
+    """The whole page as a string."""
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             "<meta name='viewport' content='width=device-width,initial-scale=1'>",
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>",
+             f"<p class='meta'>Generated {datetime.now(UTC):%Y-%m-%d %H:%M UTC} · environments: "
+             f"{html.escape(', '.join(a.settings.environments))} · bootstrap {a.settings.boots}, sampling "
+             f"{a.settings.sims} draws, seed {a.settings.seed}</p>"]
+    tables = {t.key: t for t in all_tables(a, full=True)}
+    if "headline" in tables:
+        parts.append("<h2>Headline: agents against human experts</h2>" + _table_html(tables.pop("headline")))
+    parts.append("<h2>Figures</h2>")
+    for key, (caption, make) in FIGURES.items():
+        png = make(a)
+        if png is None:
+            parts.append(f"<h3>{html.escape(caption)}</h3><p class='missing'>{html.escape(MISSING[key])}</p>")
+            continue
+        data = base64.b64encode(png).decode()
+        parts.append(f"<figure id='fig-{key}'><img alt='{html.escape(caption)}' "
+                     f"src='data:image/png;base64,{data}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+    parts.append("<h2>Tables</h2>" + "".join(_table_html(t) for t in tables.values()))
+    parts.append("<h2>Methods</h2>" + METHODS)
+    if a.warnings or a.notes:
+        parts.append("<h2>Warnings and caveats</h2><ul>"
+                     + "".join(f"<li class='warn'>{html.escape(w)}</li>" for w in a.warnings)
+                     + "".join(f"<li>{html.escape(n)}</li>" for n in a.notes) + "</ul>")
+    parts.append("<h2>Sources</h2><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in a.sources) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(a: Analysis, out: Path, title: str = "openrebench analysis") -> Path:
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_report(a, title), encoding="utf-8")
+    except OSError as e:
+        raise OpenRebenchError(f"cannot write {out}: {e.strerror}") from None
+    return out
