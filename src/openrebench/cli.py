@@ -304,6 +304,11 @@ def eval_(
     console.print(f"Inspect logs: {log_dir} (open them with `inspect view --log-dir {log_dir}`)")
 
 
+from openrebench._cli_analysis import add_analysis_commands  # noqa: E402
+
+add_analysis_commands(app)
+
+
 def main() -> None:
     app()
 
