@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,9 +17,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/openrebench demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
+
+# The report test renders the HTML page in headless Chromium; install it where we may (root + apt).
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium >/dev/null) || echo "note: could not install chromium; the report render test will be skipped"; \
+	else echo "note: chromium not installed (needs root and apt-get); the report render test will be skipped"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -17,7 +17,9 @@ from ._budget import fmt_hours
 HUMAN_COLOR = "black"
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f"]
+MARKERS = ["o", "s", "D", "^", "v", "P"]
 DPI = 110
+TIME_TICKS_H = [1 / 60, 5 / 60, 15 / 60, 0.5, 1, 2, 4, 8, 16, 32, 64]
 
 
 def _style(ax: Axes) -> None:
@@ -63,14 +65,24 @@ def budget_figure(a: Analysis) -> bytes | None:
         return None
     fig = Figure(figsize=(9, 5), layout="constrained")
     ax = fig.add_subplot()
+    lengths = sorted({p.length_h for _, c in curves for p in c})
+    markers = {length: MARKERS[i % len(MARKERS)] for i, length in enumerate(lengths)}
     for g, curve in curves:
         x = [p.budget_h for p in curve]
         y = [p.estimate.exact for p in curve]
         lo = [p.estimate.ci_low for p in curve]
         hi = [p.estimate.ci_high for p in curve]
         ax.fill_between(x, lo, hi, color=colors[g.group], alpha=0.12, linewidth=0)
-        ax.plot(x, y, marker="o" if g.is_human else ".", ms=6, lw=2.6 if g.is_human else 1.6,
-                color=colors[g.group], label=g.group, zorder=3 if g.is_human else 2)
+        ax.plot(x, y, lw=2.6 if g.is_human else 1.6, color=colors[g.group], label=g.group,
+                zorder=3 if g.is_human else 2)
+        for length, marker in markers.items():
+            pts = [(p.budget_h, p.estimate.exact) for p in curve if p.length_h == length]
+            if pts:
+                ax.scatter(*zip(*pts, strict=True), marker=marker, s=40 if g.is_human else 22,
+                           color=colors[g.group], zorder=4)
+    if len(markers) > 1:
+        for length, marker in markers.items():
+            ax.scatter([], [], marker=marker, color="grey", label=f"runs of {fmt_hours(length)}")
     _hours_axis(ax, a.settings.budgets_h, "total time budget per environment (k runs × run length)")
     ax.set_ylabel("score@k (mean normalised score over environments)")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
@@ -129,6 +141,9 @@ def over_time_figure(a: Analysis) -> bytes | None:
         ax.plot(c.hours, c.mean, ls=ls, lw=2, color=colors[c.group],
                 label=f"{c.group}, {fmt_hours(c.length_h)} runs (n={c.runs})")
     ax.set_xscale("log")
+    low, high = min(c.hours[0] for c in a.time_curves), max(c.hours[-1] for c in a.time_curves)
+    ax.xaxis.set_major_locator(FixedLocator([x for x in TIME_TICKS_H if low * 0.99 <= x <= high * 1.01]))
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_hours(x)))
     ax.set_xlabel("time into the run (log scale)")
     ax.set_ylabel("mean best-so-far normalised score")

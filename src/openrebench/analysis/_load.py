@@ -27,6 +27,11 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
+def _error_line(message: str) -> str:
+    lines = message.strip().splitlines()
+    return lines[0][:160] if lines else "no message"
+
+
 def log_files(paths: Sequence[Path]) -> list[Path]:
     """Expand files and directories (searched recursively) into Inspect log files, in a stable order."""
     from inspect_ai.log import list_eval_logs
@@ -93,7 +98,7 @@ def _attempt(log: Any, sample: Any, where: str, prices: Mapping[str, Mapping[str
     score = (sample.scores or {}).get(SCORER)
     if score is None:
         if sample.error is not None:
-            return f"the sample failed ({sample.error.message.strip().splitlines()[0][:160]})"
+            return f"the sample failed ({_error_line(sample.error.message)})"
         return f"no '{SCORER}' score" + (f" (limit hit: {sample.limit.type})" if sample.limit else "")
     try:
         value = float(score.value)
@@ -161,7 +166,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
             raise OpenRebenchError(f"{path}: not an openrebench log (task '{log.eval.task}' has no env_id "
                                    "in its metadata)")
         if not log.samples:
-            reason = f"status {log.status}" + (f": {_first_line(log.error)}" if log.error else "")
+            reason = f"status {log.status}" + (f": {_error_line(log.error.message)}" if log.error else "")
             if not skip_incomplete:
                 raise OpenRebenchError(f"{path}: the log has no samples ({reason}); pass --skip-incomplete "
                                        "to leave it out")

@@ -35,6 +35,7 @@ th,td{border:1px solid #ddd;padding:.3em .55em;vertical-align:top}
 th{background:#f4f4f4;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:pre-line}
 caption{caption-side:bottom;text-align:left;color:#555;padding-top:.3em;font-size:.92em}
+table.headline td:nth-child(-n+3){min-width:10em}
 .meta{color:#555}.warn{color:#8a4b00}.missing{color:#777;font-style:italic}.scroll{overflow-x:auto}
 """
 
@@ -68,8 +69,8 @@ def _table_html(t: TableSpec) -> str:
                         else f"<td>{html.escape(v)}</td>" for i, v in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     caption = f"<caption>{html.escape(t.caption)}</caption>" if t.caption else ""
-    return (f'<h3 id="table-{t.key}">{html.escape(t.title)}</h3><div class="scroll"><table>{caption}'
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+    return (f'<h3 id="table-{t.key}">{html.escape(t.title)}</h3><div class="scroll"><table class="{t.key}">'
+            f"{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
 def render_report(a: Analysis, title: str = "openrebench analysis") -> str:

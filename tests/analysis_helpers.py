@@ -1,0 +1,75 @@
+"""Inspect logs for the analysis tests: a real log written by `openrebench eval` (oracle, mini tier) and
+variants of it, changed through inspect_ai's own types and written with write_eval_log."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+
+from inspect_ai.log import EvalLog, read_eval_log, write_eval_log
+from inspect_ai.model import ModelUsage
+
+REAL_LOG = Path(__file__).parent / "data" / "analysis" / "oracle-optimize_kernel-mini.eval"
+
+
+@cache
+def _real() -> EvalLog:
+    return read_eval_log(str(REAL_LOG))
+
+
+def real_log() -> EvalLog:
+    """A fresh copy of the real log (one sample: the oracle scores the reference, normalised ≈ 1.01)."""
+    return copy.deepcopy(_real())
+
+
+def write_variant(path: Path, edit: Callable[[EvalLog], None]) -> Path:
+    log = real_log()
+    log.eval.eval_id = uuid.uuid4().hex
+    edit(log)
+    write_eval_log(log, str(path))
+    return path
+
+
+def runs_log(path: Path, *, agent: str, model: str, hours: float,
+             runs: Sequence[Sequence[tuple[float, float]]], tokens: int = 0, cost: float | None = None,
+             gpus: int = 0) -> Path:
+    """A log with one sample per run; each run is a list of (elapsed hours, normalised score) scorings
+    after the set-up scoring. The sample's score is the run's best, as the harness reports it."""
+
+    def edit(log: EvalLog) -> None:
+        assert log.samples
+        template = log.samples[0]
+        setup_row = template.scores["run_score"].metadata["score_log"][0]  # type: ignore[index,union-attr]
+        log.eval.metadata = {**(log.eval.metadata or {}), "agent": agent}
+        log.eval.model = model
+        log.eval.config.working_limit = int(hours * 3600)
+        samples = []
+        for epoch, scorings in enumerate(runs, 1):
+            sample = copy.deepcopy(template)
+            sample.epoch = epoch
+            sample.working_time = hours * 3600 * 0.9
+            rows = [dict(setup_row)]
+            for i, (t, norm) in enumerate(scorings, 1):
+                rows.append({**setup_row, "index": i, "elapsed_s": t * 3600, "kind": "score", "charged": True,
+                             "raw": 5.0 - norm, "normalised": norm})
+            score = sample.scores["run_score"]  # type: ignore[index]
+            score.value = max([0.0, *(n for _, n in scorings)])
+            score.metadata = {**(score.metadata or {}), "score_log": rows}
+            score.metadata["fingerprint"] = copy.deepcopy(score.metadata["fingerprint"])
+            score.metadata["fingerprint"]["hardware"]["gpu_count"] = gpus
+            usage = ModelUsage(input_tokens=tokens // 2, output_tokens=tokens - tokens // 2,
+                               total_tokens=tokens, total_cost=cost)
+            sample.model_usage = {model: usage} if tokens else {}
+            samples.append(sample)
+        log.samples = samples
+
+    return write_variant(path, edit)
+
+
+def react_log(path: Path) -> Path:
+    """Three 30-minute runs of a model agent on one GPU, with tokens and dollars."""
+    return runs_log(path, agent="react", model="openai/gpt-4o", hours=0.5, tokens=50_000, cost=0.8, gpus=1,
+                    runs=[[(0.05, 0.1), (0.3, 0.6)], [(0.1, 0.2)], [(0.2, 0.0), (0.45, 0.9)]])

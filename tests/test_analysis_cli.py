@@ -1,0 +1,105 @@
+"""`openrebench analyze` and `openrebench report` on the paper's data, on real Inspect logs, and on both."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analysis_helpers import REAL_LOG, react_log
+from openrebench.cli import app
+
+runner = CliRunner()
+FAST = ("--boots", "200", "--sims", "400")
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_analyze_paper_prints_the_headline_beside_the_published_numbers() -> None:
+    code, out = invoke("analyze", "--paper")
+    assert code == 0, out
+    assert "The paper's headline numbers" in out
+    for published in ("≈4×", "< 1 (humans", "≈2×", "0.64", "82%", "24%", "71 (61 experts)"):
+        assert published in out
+    assert "lower" in out and "hacks" in out  # cells wrap at the terminal's width
+    assert "score@k against total time budget" in out and "o1-preview" in out
+
+
+def test_analyze_paper_json_is_the_documented_model() -> None:
+    code, out = invoke("analyze", "--paper", "--json", *FAST)
+    assert code == 0, out
+    data = json.loads(out)
+    head = {row["key"]: row for row in data["headline"]}
+    assert head["ratio_2h"]["published_value"] == 4.0 and head["ratio_2h"]["value"] < 4.0
+    assert head["ratio_32h_humans"]["published_value"] == 2.0 and head["ratio_32h_humans"]["value"] > 1.0
+    assert head["ratio_8h"]["value"] < 1.0  # humans ahead at 8 hours, as published
+    assert head["human_mean"]["value"] == pytest.approx(0.63, abs=0.005)
+    assert all(row["citation"] for key, row in head.items() if row["published_value"] is not None)
+    groups = {g["group"]: g for g in data["groups"]}
+    assert groups["Human experts (paper)"]["runs"] == 86 and len(groups) == 9
+    assert data["settings"]["environments"] == sorted(data["settings"]["environments"])
+    humans32 = next(a for a in data["allocations"] if a["best"] and a["group"] == "Human experts (paper)"
+                    and a["budget_h"] == 32)
+    assert humans32["k"] == 4 and humans32["length_h"] == 8
+    assert humans32["estimate"]["ci_low"] <= humans32["estimate"]["exact"] <= humans32["estimate"]["ci_high"]
+
+
+def test_analyze_a_real_log_with_and_without_the_paper(tmp_path: Path) -> None:
+    code, out = invoke("analyze", str(REAL_LOG), *FAST)
+    assert code == 0, out
+    assert "oracle (mini)" in out and "optimize_kernel" in out and "Human experts" not in out
+    code, out = invoke("analyze", str(REAL_LOG), "--paper", "--json", *FAST)
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["settings"]["environments"] == ["optimize_kernel"]  # the paper's data cut to the logs' env
+    groups = {g["group"] for g in data["groups"]}
+    assert {"oracle (mini)", "Human experts (paper)", "o1-preview"} <= groups
+    comp = next(c for c in data["comparisons"] if c["agent"] == "oracle (mini)" and c["budget_h"] == 8)
+    assert comp["ratio"] is not None and comp["percentile"] > 50
+    assert data["headline"]  # the published comparison stays on all seven environments
+
+
+def test_report_from_logs_and_paper_is_self_contained(tmp_path: Path) -> None:
+    runs = react_log(tmp_path / "react.eval")
+    out = tmp_path / "report.html"
+    code, text = invoke("report", str(REAL_LOG), str(runs), "--paper", "--out", str(out), *FAST)
+    assert code == 0, text
+    page = out.read_text()
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert len(images) == 5  # budget, per environment, against humans, over time, cost
+    assert "http://" not in page.replace("http://www.w3.org", "") and "<script" not in page
+    for heading in ("Headline", "score@k against total time budget", "Agents against human experts",
+                    "Score over time", "Score against cost", "Methods", "Sources"):
+        assert heading in page
+
+
+def test_report_on_paper_alone_explains_missing_figures(tmp_path: Path) -> None:
+    out = tmp_path / "paper.html"
+    code, text = invoke("report", "--paper", "--out", str(out), *FAST)
+    assert code == 0, text
+    page = out.read_text()
+    assert page.count("data:image/png;base64,") == 3
+    assert "No score logs in the data" in page and "No token, dollar or GPU-hour data" in page
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("analyze",), "nothing to analyse"),
+    (("analyze", "MISSING"), "does not exist"),
+    (("analyze", "--paper", "--budgets", "two"), "bad --budgets 'two'"),
+    (("analyze", "--paper", "--env", "nope"), "no attempts at environment(s) nope"),
+    (("analyze", "--paper", "--human-rows", "all"), "unknown --human-rows 'all'"),
+    (("report", "EMPTY"), "no Inspect logs (.eval or .json) in this directory"),
+])
+def test_bad_input_gives_one_clear_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    (tmp_path / "EMPTY").mkdir()
+    args = tuple(str(tmp_path / a) if a in ("MISSING", "EMPTY") else a for a in args)
+    code, out = invoke(*args)
+    assert code == 1
+    assert message in out and "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1, out
