@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import base64
+import shutil
 from pathlib import Path
 
 import pytest
 from inspect_ai import eval as inspect_eval
 from inspect_ai.model import ModelOutput, get_model
 
+from openrebench.core import bwrap_binary
 from openrebench.environments import get_environment
 from openrebench.harness import TASKS
-from openrebench.harness._bwrap import bwrap_binary
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")]
@@ -59,3 +60,48 @@ def test_oracle_through_openrebench_eval(tmp_path: Path) -> None:
     (info,) = list_eval_logs(str(tmp_path / "logs"))
     log = read_eval_log(info)
     assert log.results.scores[0].metrics["mean"].value >= 0.9
+
+
+HUMAN_EVAL = """
+import sys
+from inspect_ai import eval as inspect_eval
+from openrebench.harness import TASKS
+task = TASKS["optimize_kernel"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs")
+(log,) = inspect_eval(task, model="mockllm/model", log_dir=sys.argv[1] + "/logs", display="plain")
+print("STATUS", log.status)
+"""
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` for a terminal")
+def test_human_agent_logs_in_scores_and_submits(tmp_path: Path) -> None:
+    """A person's path: Inspect's human agent prints a login command; in that shell `score` asks the
+    harness to score and `task submit` ends the attempt, whose log then holds the scoring."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    out = (tmp_path / "eval.out").open("w+")
+    proc = subprocess.Popen([sys.executable, "-u", "-c", HUMAN_EVAL, str(tmp_path)], stdout=out,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        login = None
+        while login is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+            found = re.search(r"(/\S+/login)\s", Path(out.name).read_text())
+            login = found.group(1) if found else None
+        assert login, Path(out.name).read_text()[-3000:]
+        session = subprocess.run(["script", "-qc", login, "/dev/null"], input="score; task submit\ny\n",
+                                 capture_output=True, text=True, timeout=300)
+        assert proc.wait(timeout=120) == 0, Path(out.name).read_text()[-3000:]
+    finally:
+        proc.kill()
+    assert "STATUS success" in Path(out.name).read_text()
+    assert "score ln(ms)" in session.stdout, session.stdout[-3000:]
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    (info,) = list_eval_logs(str(tmp_path / "logs"))
+    (sample,) = read_eval_log(info).samples
+    rows = sample.scores["run_score"].metadata["score_log"]
+    assert [r["kind"] for r in rows] == ["setup", "score"]

@@ -98,15 +98,22 @@ KILLER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_solution_cannot_kill_the_harness(kernel_run: Run) -> None:
-    """It tries to kill the scorer and the harness; in the scorer's PID namespace neither is reachable."""
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["pid-namespace", "bwrap"])
+def test_solution_cannot_kill_the_harness(kernel_run: Run, sandboxed: bool) -> None:
+    """It tries to kill the scorer and the harness: in the scorer's PID namespace neither is
+    reachable; in the scoring sandbox (as root) the solution runs as another uid than the scorer."""
+    from openrebench.core import bwrap_usable
     from openrebench.core._isolation import pid_namespace_prefix
 
     if not pid_namespace_prefix():
         pytest.skip("no PID namespaces on this machine (unshare unavailable)")
+    if sandboxed and bwrap_usable():
+        pytest.skip(f"no scoring sandbox: {bwrap_usable()}")
     (kernel_run.workspace / "solution.py").write_text(KILLER)
-    row = score_run(kernel_run, timeout_s=20)
-    assert row.raw is None and "failed to import: SystemExit: still alive" in row.message
+    row = score_run(kernel_run, timeout_s=20, sandboxed=sandboxed)
+    assert row.raw is None
+    assert ("failed to import: SystemExit: still alive" in row.message
+            or "PermissionError: [Errno 1] Operation not permitted" in row.message), row.message
 
 
 @pytest.mark.slow
@@ -118,6 +125,6 @@ def test_solution_that_kills_its_parent_gives_invalid_row(kernel_run: Run, monke
     monkeypatch.setattr("openrebench.core._scoring.pid_namespace_prefix", lambda: ())
     killer = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
     (kernel_run.workspace / "solution.py").write_text(killer)
-    row = score_run(kernel_run, timeout_s=20)
+    row = score_run(kernel_run, timeout_s=20, sandboxed=False)
     assert row.raw is None
     assert "the scorer process was killed by signal SIGKILL" in row.message

@@ -11,9 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from openrebench.core import Run, start_run
+from openrebench.core import SANDBOX_UID, Run, bwrap_binary, start_run
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
-from openrebench.harness._bwrap import SANDBOX_UID, bwrap_binary
 
 pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
 
@@ -114,3 +113,85 @@ def test_score_command_in_the_sandbox_asks_the_harness(box: OpenRebenchSandbox) 
     rows, _ = box.run.rows()
     assert len(rows) == 1 and rows[0].raw is None and rows[0].charged
     assert "#0" in sh(box, "score log").stdout
+
+
+def test_tmp_and_home_persist_between_commands(box: OpenRebenchSandbox) -> None:
+    assert sh(box, "echo kept > /tmp/x && echo mine > ~/notes && whoami").stdout.strip() in ("agent", "root")
+    result = sh(box, "cat /tmp/x ~/notes")
+    assert result.stdout.split() == ["kept", "mine"]
+    assert box.loop.run_until_complete(box.read_file("/tmp/x")) == "kept\n"  # type: ignore[attr-defined]
+
+
+def test_scoring_sandbox_hides_protected_data_reference_and_log(box: OpenRebenchSandbox) -> None:
+    """The solution's code, run by the scorer, sees no more than the agent's shell does."""
+    import openrebench
+    from openrebench.core import score_run
+
+    run = box.run
+    ref = Path(openrebench.__file__).parent / "environments" / "optimize_kernel" / "reference"
+    probe = textwrap.dedent(f"""
+        import glob
+        seen = []
+        for pattern in ["/score/protected/*", "{run.protected}/*", "{ref}/*", "{run.score_log_path}"]:
+            for path in glob.glob(pattern):
+                try:
+                    seen.append(open(path).read()[:40])
+                except OSError as e:
+                    seen.append(type(e).__name__)
+        try:
+            open("{run.score_log_path}", "a").write("forged row")
+        except OSError as e:
+            seen.append("log: " + type(e).__name__)
+        raise SystemExit("SEEN " + repr(seen))
+    """)
+    (run.workspace / "solution.py").write_text(probe)
+    row = score_run(run, sandboxed=True, timeout_s=60)
+    assert row.raw is None and "SEEN" in row.message, row.message
+    assert "secret" not in row.message and "prefix_sum" not in row.message
+    assert "forged" not in run.score_log_path.read_text()
+    assert row.details["sandboxed"] is True
+
+
+def test_processes_together_cannot_exceed_the_sandbox_memory(box: OpenRebenchSandbox) -> None:
+    """Each process stays under the per-process limit; the cgroup limits their sum (2 GB here)."""
+    if box.cgroup is None:
+        pytest.skip("no cgroup could be made here (only per-process limits apply)")
+    hold = ("python -c \"b = bytearray(700 << 20); b[::4096] = b'x' * len(b[::4096]); "
+            "import time; time.sleep(4); print('HELD')\" &")
+    result = sh(box, f"for i in 1 2 3 4 5; do {hold} done; wait", timeout=120)
+    assert result.stdout.count("HELD") < 5
+    assert sh(box, "echo alive").stdout.strip() == "alive"
+
+
+def test_login_shell_for_people_has_the_score_command(box: OpenRebenchSandbox) -> None:
+    async def login() -> tuple[bytes, bytes]:
+        connection = await box.connection()
+        proc = await asyncio.create_subprocess_exec(connection.command, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        return await asyncio.wait_for(proc.communicate(b"pwd; score log; whoami\n"), 60)
+
+    out, err = box.loop.run_until_complete(login())  # type: ignore[attr-defined]
+    assert "/workspace" in out.decode() and "no scores yet" in out.decode(), err.decode()
+
+
+def test_auto_isolation_falls_back_to_local_loudly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from openrebench.harness import _sandbox
+
+    monkeypatch.setattr(_sandbox, "bwrap_usable", lambda: "user namespaces are disabled")
+    assert _sandbox.resolve_isolation("auto") == "local"
+    with pytest.raises(RuntimeError, match="user namespaces are disabled"):
+        _sandbox.resolve_isolation("bwrap")
+    with pytest.warns(UserWarning, match="NOTHING IS ISOLATED"):
+        _sandbox._warn_local("user namespaces are disabled")
+    run = make_run(tmp_path / "local")
+    loop = asyncio.new_event_loop()
+    local = loop.run_until_complete(OpenRebenchSandbox.for_run(
+        run, SandboxConfig(env_id="optimize_kernel", isolation="auto")))
+    try:
+        assert local.isolation == "local"
+        result = loop.run_until_complete(local.exec(["bash", "-c", "pwd"]))
+        assert result.stdout.strip() == str(run.workspace)
+    finally:
+        loop.run_until_complete(local.close())
+        loop.close()

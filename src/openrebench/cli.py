@@ -266,10 +266,20 @@ def eval_(
     epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
     log_dir: Annotated[Path, typer.Option(help="Where Inspect writes its logs.")] = Path("logs"),
     runs_dir: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
-    isolation: Annotated[str, typer.Option(help="bwrap (default) or local (no isolation).")] = "bwrap",
+    isolation: Annotated[str, typer.Option(help="auto (bwrap where it starts, else local with a "
+                                                "warning), bwrap, or local (no isolation).")] = "auto",
+    retry_attempts: Annotated[int, typer.Option(min=0, help="Retry failed tasks this many times, "
+                                                             "resuming from the logs (Inspect's eval_set)."
+                                                )] = 0,
+    resume: Annotated[bool, typer.Option(help="Reuse finished work in --log-dir (Inspect's eval_set): "
+                                              "only what is missing or failed runs again.")] = False,
+    max_samples: Annotated[int | None, typer.Option(help="Attempts run at once.")] = None,
+    display: Annotated[str | None, typer.Option(help="Inspect's progress display: full, rich, plain, "
+                                                     "none (default: Inspect's).")] = None,
 ) -> None:
     """Run agents on environments through Inspect AI, then print a results table."""
     from inspect_ai import eval as inspect_eval
+    from inspect_ai import eval_set
 
     from openrebench.environments import ENVIRONMENTS
     from openrebench.harness import TASKS
@@ -279,14 +289,24 @@ def eval_(
         _env(env_id).tier(tier)
     if agent not in ("oracle", "react", "human"):
         raise OpenRebenchError(f"unknown agent '{agent}' (known: oracle, react, human)")
-    if isolation not in ("bwrap", "local"):
-        raise OpenRebenchError(f"unknown isolation '{isolation}' (known: bwrap, local)")
+    if isolation not in ("auto", "bwrap", "local"):
+        raise OpenRebenchError(f"unknown isolation '{isolation}' (known: auto, bwrap, local)")
+    if isolation == "bwrap":
+        from openrebench.core import bwrap_usable
+
+        if problem := bwrap_usable():
+            raise OpenRebenchError(f"--isolation bwrap: {problem}")
     if agent == "react" and model is None:
         raise OpenRebenchError("the react agent needs --model")
     seconds = _duration(time_limit) if time_limit else None
     tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
                       isolation=isolation) for e in ids]
-    logs = inspect_eval(tasks, model=model or "mockllm/model", epochs=epochs, log_dir=str(log_dir))
+    options = {"model": model or "mockllm/model", "epochs": epochs, "log_dir": str(log_dir),
+               "max_samples": max_samples, "display": display}
+    if retry_attempts or resume:
+        _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
+    else:
+        logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
     table = Table(title=f"openrebench eval — {agent} on {tier}")
     for col in ("environment", "epoch", "normalised", "raw", "run"):
         table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")

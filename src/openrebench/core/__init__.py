@@ -1,8 +1,11 @@
 """What every environment shares: the protocol, runs, score logs, scoring, normalisation, calibration."""
 
+from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_binary, bwrap_command, bwrap_usable
 from ._calibration import CalibrationRecord, Stats, calibrate, constants_for, find_record, save_record
+from ._cgroup import Cgroup
 from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec
 from ._errors import OpenRebenchError
+from ._gpus import GpuLease, visible_gpus
 from ._guard import TamperGuard
 from ._hardware import Hardware, detect_hardware
 from ._normalise import final_row, final_score, normalise
@@ -13,10 +16,46 @@ from ._score_log import ScoreRow, append_row, read_log
 from ._scoring import calibrate_environment, run_scorer, score_run, snapshot_workspace, start_run
 
 __all__ = [
-    "CalibrationRecord", "Direction", "Environment", "Hardware", "HostChannel", "NormConstants",
-    "OpenRebenchError", "Run", "RunInfo", "ScoreResult", "ScoreRow", "SolutionError", "SolutionProcess",
-    "Stats", "TamperGuard", "TierSpec", "append_row", "cache_dir", "calibrate", "calibrate_environment",
+    "SANDBOX_UID",
+    "Bind",
+    "CalibrationRecord",
+    "Cgroup",
+    "Direction",
+    "Environment",
+    "GpuLease",
+    "Hardware",
+    "HostChannel",
+    "Limits",
+    "NormConstants",
+    "OpenRebenchError",
+    "Run",
+    "RunInfo",
+    "SandboxSpec",
+    "ScoreResult",
+    "ScoreRow",
+    "SolutionError",
+    "SolutionProcess",
+    "Stats",
+    "TamperGuard",
+    "TierSpec",
+    "append_row",
+    "bwrap_binary",
+    "bwrap_command",
+    "bwrap_usable",
+    "cache_dir",
+    "calibrate",
+    "calibrate_environment",
     "constants_for",
-    "detect_hardware", "final_row", "final_score", "find_record", "normalise", "read_log", "run_scorer",
-    "save_record", "score_run", "snapshot_workspace", "start_run",
+    "detect_hardware",
+    "final_row",
+    "final_score",
+    "find_record",
+    "normalise",
+    "read_log",
+    "run_scorer",
+    "save_record",
+    "score_run",
+    "snapshot_workspace",
+    "start_run",
+    "visible_gpus",
 ]

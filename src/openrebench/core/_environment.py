@@ -40,9 +40,15 @@ class TierSpec(BaseModel):
     time_limit_hours: float = Field(description="Default working-time budget for an attempt.")
     score_timeout_s: float = Field(description="Wall-clock limit of one scoring, set-up included.")
     memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
+    gpus: int = Field(default=0, description="GPUs an attempt holds exclusively (0: one if device is "
+                                             "cuda, else none).")
     params: dict[str, Any] = Field(default_factory=dict)
     default_constants: NormConstants
     paper_constants: NormConstants | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpus or (1 if self.device == "cuda" else 0)
 
 
 class ScoreResult(BaseModel):

@@ -80,9 +80,17 @@ class SolutionProcess:
         child_read, parent_write = os.pipe()
         self._read_fd, self._write_fd = parent_read, parent_write
         child_env = {**os.environ, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+        child_env.pop("OPENREBENCH_SOLUTION_DROP", None)
+        prefix: list[str] = []
+        if os.environ.get("OPENREBENCH_SOLUTION_DROP") and os.geteuid() == 0:
+            # In the scoring sandbox the scorer is root (to read protected data); the solution's
+            # code must not be: it runs as the sandbox uid, without capabilities.
+            from ._bwrap import drop_privileges_prefix
+
+            prefix = drop_privileges_prefix()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, str(solution), str(child_read), str(child_write)],
+                [*prefix, sys.executable, "-m", module, str(solution), str(child_read), str(child_write)],
                 cwd=solution, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_read, child_write), env=child_env, start_new_session=True,
             )

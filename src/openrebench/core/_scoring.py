@@ -13,15 +13,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import psutil
 
+from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_command, bwrap_usable, sandbox_path
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
+from ._cgroup import Cgroup
 from ._environment import ScoreResult
 from ._errors import OpenRebenchError
+from ._gpus import all_gpu_nodes
 from ._isolation import pid_namespace_prefix
 from ._normalise import normalise
 from ._run import Run
@@ -88,21 +92,64 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *,
-               timeout_s: float, memory_limit_gb: float) -> ScoreResult:
-    """Run the environment's scorer in a fresh process (in its own PID namespace where possible)
-    with a wall-clock and a resident-memory limit; any failure becomes an invalid result."""
+SCORE_DIR = "/score"
+
+
+def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str],
+                       cgroup: Cgroup | None) -> tuple[list[str], dict[str, str]]:
+    """The scorer inside a fresh bubblewrap sandbox: the snapshot and `protected/` (read-only) are
+    all it sees of the run. As root, the scorer keeps root (it must read `protected/`, which is
+    root-only) and starts the solution's code as an unprivileged uid that can read neither."""
+    privileged = os.geteuid() == 0
+    if privileged:
+        for root, dirs, files in os.walk(solution):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, SANDBOX_UID, SANDBOX_UID)
+        protected.chmod(0o700)
+    env = {"PATH": sandbox_path(), "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": "/tmp/triton"}
+    if privileged:
+        env["OPENREBENCH_SOLUTION_DROP"] = "1"
+    spec = SandboxSpec(
+        binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
+               Bind(protected, f"{SCORE_DIR}/protected")],
+        cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False,
+        limits=Limits(max_processes=None if cgroup else 4096))
+    cmd = bwrap_command([sys.executable, "-m", "openrebench.core._scorer_main"], spec)
+    paths = {"solution": f"{SCORE_DIR}/solution", "protected": f"{SCORE_DIR}/protected"}
+    return [*(cgroup.enter_prefix() if cgroup else []), *cmd], paths
+
+
+def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeout_s: float,
+               memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = ()) -> ScoreResult:
+    """Run the environment's scorer in a fresh process with a wall-clock and a resident-memory limit:
+    in a bubblewrap sandbox with `sandboxed`, else in its own PID namespace where one can be made.
+    Any failure becomes an invalid result."""
     nonce = secrets.token_hex(16)
-    config = {"env_id": env_id, "tier": tier, "solution": str(solution), "protected": str(protected),
-              "nonce": nonce}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    limit = memory_limit_gb * 1024**3
+    cgroup = None
+    if sandboxed:
+        cgroup = Cgroup.create("score", memory_bytes=int(limit * 1.25) + (1 << 30), max_pids=4096)
+        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup)
+    else:
         cmd = [*pid_namespace_prefix(), sys.executable, "-m", "openrebench.core._scorer_main"]
+        paths = {"solution": str(solution), "protected": str(protected)}
+    config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
+    try:
+        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup)
+    finally:
+        if cgroup is not None:
+            cgroup.close()
+
+
+def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit: float,
+           memory_limit_gb: float, timeout_s: float, cgroup: Cgroup | None) -> ScoreResult:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                start_new_session=True, cwd=solution)
+                                start_new_session=True, cwd=cwd)
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(config).encode())
         proc.stdin.close()
-        limit = memory_limit_gb * 1024**3
         peak = 0
         reason = None
         deadline = time.monotonic() + timeout_s
@@ -115,6 +162,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *,
                 reason = f"took longer than the {timeout_s:g} s scoring limit"
             if reason:
                 _kill_tree(proc)
+                if cgroup is not None:
+                    cgroup.kill_all()
                 proc.wait()
                 return ScoreResult.invalid(f"Invalid: the solution {reason}; scoring was stopped.",
                                            peak_rss_bytes=peak)
@@ -124,7 +173,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *,
         err.seek(0)
         stdout = out.read().decode(errors="replace")
         stderr = err.read().decode(errors="replace")[-4000:]
-    details = {"peak_rss_bytes": peak, "scorer_exit_code": proc.returncode}
+    details: dict[str, object] = {"peak_rss_bytes": peak, "scorer_exit_code": proc.returncode,
+                                  "sandboxed": cgroup is not None or "bwrap" in " ".join(cmd[:8])}
     for line in stdout.splitlines():
         if line.startswith(f"{RESULT_TAG} {nonce} ") and proc.returncode == 0:
             try:
@@ -135,16 +185,27 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *,
             return result
     code = proc.returncode
     what = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    if cgroup is not None and code in (-9, 137) and peak > 0.8 * limit:
+        what += " (out of memory)"
     return ScoreResult.invalid(
         f"Invalid: the scorer process {what} before reporting a result (did the solution kill it?).",
         **details, scorer_stderr=stderr)
 
 
+def scoring_sandbox_default() -> bool:
+    """Score in a bubblewrap sandbox wherever one starts, unless OPENREBENCH_SCORE_SANDBOX=0."""
+    return os.environ.get("OPENREBENCH_SCORE_SANDBOX", "1") != "0" and bwrap_usable() is None
+
+
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
-              charged: bool = True, timeout_s: float | None = None) -> ScoreRow:
+              charged: bool = True, timeout_s: float | None = None, elapsed_s: float | None = None,
+              sandboxed: bool | None = None, devices: Sequence[str] | None = None) -> ScoreRow:
     """Score the run's current workspace and append the row to its score log.
 
-    `timeout_s` overrides the tier's scoring time limit (tests use it to stop hanging solutions fast).
+    `timeout_s` overrides the tier's scoring time limit (tests use it to stop hanging solutions fast);
+    `elapsed_s` is the working time to log (the harness's clock; default: wall-clock since the start);
+    `sandboxed` defaults to `scoring_sandbox_default()`; `devices` are the GPU nodes the scorer may
+    use (default: all of them, for tiers that need a GPU).
     """
     from openrebench.environments import get_environment
 
@@ -159,14 +220,19 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
             sha, notes = "", []
             result = ScoreResult.invalid(f"Invalid: {e}.")
         else:
+            if sandboxed is None:
+                sandboxed = scoring_sandbox_default()
+            if devices is None:
+                devices = all_gpu_nodes() if tier.device == "cuda" else []
             result = run_scorer(env.id, tier.name, snapshot, run.protected,
                                 timeout_s=timeout_s or tier.score_timeout_s,
-                                memory_limit_gb=tier.memory_limit_gb)
+                                memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices)
     if notes:
         result.details["snapshot_notes"] = notes
     result.details["normalisation"] = run.info.constants.model_dump()
     row = ScoreRow(
-        index=0, timestamp=datetime.now(UTC), elapsed_s=run.elapsed_s(), kind=kind, charged=charged,
+        index=0, timestamp=datetime.now(UTC),
+        elapsed_s=run.elapsed_s() if elapsed_s is None else elapsed_s, kind=kind, charged=charged,
         raw=result.raw, normalised=normalise(result.raw, run.info.constants), message=result.message,
         details=result.details, solution_sha256=sha, duration_s=time.monotonic() - started,
     )
@@ -175,8 +241,9 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
 
 
 
-def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None,
-              score_start: bool = True) -> tuple[Run, ScoreRow | None]:
+def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None, score_start: bool = True,
+              sandboxed: bool | None = None,
+              devices: Sequence[str] | None = None) -> tuple[Run, ScoreRow | None]:
     """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution
     (skipped with `score_start=False`, for calibration and tests)."""
     from openrebench.environments import get_environment
@@ -187,7 +254,8 @@ def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None,
     run = Run.create(env, tier, path, seed=seed)
     env.build_assets(tier, cache_dir())
     env.setup_run(tier, run.workspace, run.protected, cache_dir())
-    row = score_run(run, kind="setup", charged=False) if score_start else None
+    row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices) \
+        if score_start else None
     run.mark_started()
     return run, row
 
