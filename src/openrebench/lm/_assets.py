@@ -30,6 +30,7 @@ from openrebench.core import cache_dir as default_cache_dir
 MANIFEST = "manifest.json"
 WORK = "work"
 _STATE = "build.json"
+_STAMP = ".verified.json"  # size and mtime of each file when its sha256 last matched
 
 OnMismatch = Literal["rebuild", "raise"]
 
@@ -100,7 +101,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _entries(folder: Path) -> dict[str, FileEntry]:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, _STAMP))
     return {p.relative_to(folder).as_posix(): FileEntry(size=p.stat().st_size, sha256=sha256_file(p))
             for p in files}
 
@@ -110,20 +111,36 @@ def load_manifest(folder: Path) -> Manifest | None:
     return Manifest.model_validate_json(path.read_text()) if path.is_file() else None
 
 
-def verify(folder: Path, manifest: Manifest | None = None) -> list[str]:
-    """Problems found in a built asset (missing, resized or changed files); empty when it is intact."""
+def verify(folder: Path, manifest: Manifest | None = None, *, full: bool = False) -> list[str]:
+    """Problems found in a built asset (missing, resized or changed files); empty when it is intact.
+
+    A file whose sha256 matched before and whose size and modification time have not changed since is
+    not hashed again (large corpora take seconds to hash), unless `full`.
+    """
     manifest = manifest or load_manifest(folder)
     if manifest is None:
         return [f"{folder / MANIFEST} is missing"]
-    problems = []
+    try:
+        stamps = {} if full else json.loads((folder / _STAMP).read_text())
+    except (OSError, ValueError):
+        stamps = {}
+    problems, checked = [], {}
     for name, entry in manifest.files.items():
         path = folder / name
         if not path.is_file():
             problems.append(f"{name} is missing")
-        elif path.stat().st_size != entry.size:
-            problems.append(f"{name} has {path.stat().st_size} bytes, the manifest says {entry.size}")
-        elif sha256_file(path) != entry.sha256:
+            continue
+        stat = path.stat()
+        stamp = [stat.st_size, stat.st_mtime_ns]
+        if stat.st_size != entry.size:
+            problems.append(f"{name} has {stat.st_size} bytes, the manifest says {entry.size}")
+        elif stamps.get(name) != stamp and sha256_file(path) != entry.sha256:
             problems.append(f"{name} does not match its sha256 in the manifest")
+        else:
+            checked[name] = stamp
+    if not problems:
+        with contextlib.suppress(OSError):  # a read-only copy is verified in full each time
+            (folder / _STAMP).write_text(json.dumps(checked))
     return problems
 
 

@@ -369,7 +369,7 @@ def openwebtext_items(dataset: str, seed: int, val_fraction: float, heldout_frac
     except ImportError as exc:
         raise AssetError("the openwebtext corpus needs Hugging Face `datasets` (pip install datasets)"
                          ) from exc
-    ds = load_dataset(dataset, split="train")
+    ds = load_dataset(dataset, split="train", num_proc=max(1, (os.cpu_count() or 2) // 2))
     rows = (row for batch in ds.iter(batch_size=1000) for row in _rows(batch)) if hasattr(ds, "iter") else ds
     for i, row in enumerate(rows):
         if max_documents is not None and i >= max_documents:

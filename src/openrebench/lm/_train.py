@@ -60,7 +60,7 @@ class TrainResult(BaseModel):
     val_loss: float | None = None
     tokens_seen: int
     elapsed_s: float
-    history: list[dict[str, float]] = Field(default_factory=list)
+    history: list[dict[str, int | float]] = Field(default_factory=list)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
