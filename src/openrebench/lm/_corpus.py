@@ -314,22 +314,32 @@ def _fortunes(root: Path) -> Iterator[Document]:
         yield Document(group=f"fortunes/{path.name}", name=f"fortunes/{path.name}", text=text)
 
 
-def debian_documents(work: Path) -> tuple[list[Document], dict[str, Any]]:
+def debian_documents(work: Path, deadline: Deadline | None = None,
+                     progress: bool = False) -> tuple[list[Document], dict[str, Any]]:
     """Public-domain and free English text from Debian packages (downloaded with apt, unpacked with dpkg)."""
     root = work / "debian"
     source: dict[str, str] = {}
     names = list(DEBIAN_PACKAGES)
-    while names:
-        name = names.pop(0)
-        deb = debian_package(name)
-        source[name] = f"{debian_version(deb)} sha256:{hashlib.sha256(deb.read_bytes()).hexdigest()}"
-        if deb.stat().st_size < 16_384:  # a metapackage: take the package it stands for
-            base = name.removesuffix("-doc").rstrip("0123456789.")
-            names.extend(d for d in debian_depends(deb) if d.startswith(base) and d not in source)
-        marker = root / f".{name}.done"
-        if not marker.exists():
-            extract_debian(deb, root)
-            marker.touch()
+    with progress_bar(progress) as bar:
+        total = len(names)
+        task = bar.add_task("Debian packages", total=total)
+        while names:
+            name = names.pop(0)
+            deb = debian_package(name)
+            source[name] = f"{debian_version(deb)} sha256:{hashlib.sha256(deb.read_bytes()).hexdigest()}"
+            if deb.stat().st_size < 16_384:  # a metapackage: take the package it stands for
+                base = name.removesuffix("-doc").rstrip("0123456789.")
+                more = [d for d in debian_depends(deb) if d.startswith(base) and d not in source]
+                names.extend(more)
+                total += len(more)
+                bar.update(task, total=total)
+            marker = root / f".{name}.done"
+            if not marker.exists():
+                extract_debian(deb, root)
+                marker.touch()
+            bar.advance(task)
+    if deadline is not None:
+        deadline.check("Debian packages downloaded and unpacked")
     linux = next((root / "usr/share/doc").glob("linux-doc-*/Documentation"))
     python = next((root / "usr/share/doc").glob("python3*/html/_sources"))
     readers = [
@@ -433,7 +443,10 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
             stats: dict[str, Any] = {}
             total = max_documents
         else:
-            docs, source = shakespeare_documents() if kind == "mini" else debian_documents(work)
+            if kind == "mini":
+                docs, source = shakespeare_documents()
+            else:
+                docs, source = debian_documents(work, deadline, progress)
             texts, stats = plan_splits(docs, seed, val, heldout, max_documents)
             items = [(split, text) for split in SPLITS for text in texts[split]]
             total = len(items)
