@@ -73,7 +73,10 @@ def oracle() -> Agent:
                 await box.write_file(str(path.relative_to(env.root / "reference")), path.read_bytes())
         from inspect_ai.model import ChatMessageAssistant
 
-        state.messages.append(ChatMessageAssistant(content=box.describe(await box.score())))
+        # Scored twice, as an agent would that scores often: timing noise on a busy machine then
+        # costs less (the best valid score counts).
+        for _ in range(2):
+            state.messages.append(ChatMessageAssistant(content=box.describe(await box.score())))
         return state
 
     return execute
