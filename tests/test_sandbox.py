@@ -195,3 +195,25 @@ def test_auto_isolation_falls_back_to_local_loudly(monkeypatch: pytest.MonkeyPat
     finally:
         loop.run_until_complete(local.close())
         loop.close()
+
+
+def test_cpu_time_of_an_attempt_is_limited(tmp_path: Path) -> None:
+    """Two busy processes in a sandbox limited to half a core get about half a core between them."""
+    import time
+
+    loop = asyncio.new_event_loop()
+    sandbox = loop.run_until_complete(OpenRebenchSandbox.for_run(
+        make_run(tmp_path / "run"), SandboxConfig(env_id="optimize_kernel", cpus=0.5)))
+    try:
+        if sandbox.cgroup is None or not sandbox.cgroup.cpu_limited:
+            pytest.skip("no CPU controller in the cgroup this harness may make")
+        burn = "python -c \"import time,os; t=time.time(); exec('while time.time()-t<3: pass'); " \
+               "print(os.times().user)\" &"
+        started = time.monotonic()
+        result = loop.run_until_complete(sandbox.exec(["bash", "-c", f"{burn} {burn} wait"], timeout=60))
+        wall = time.monotonic() - started
+        cpu = sum(float(x) for x in result.stdout.split())
+        assert cpu / wall < 0.8, (cpu, wall)  # unlimited it would be up to 2.0 on two free cores
+    finally:
+        loop.run_until_complete(sandbox.close())
+        loop.close()

@@ -1,4 +1,4 @@
-"""Memory and process-count limits for a whole sandbox, through cgroups (v1 or v2).
+"""Memory, process-count and CPU limits for a whole sandbox, through cgroups (v1 or v2).
 
 Per-process rlimits cannot stop a tree of processes that each stay under the limit, and RLIMIT_NPROC
 counts every process of the sandbox uid, across sandboxes. A cgroup limits exactly one sandbox.
@@ -37,11 +37,13 @@ class Cgroup:
 
     def __init__(self, dirs: list[Path], files: dict[Path, str]) -> None:
         self.dirs = dirs
+        self.cpu_limited = any(p.name in ("cpu.cfs_quota_us", "cpu.max") for p in files)
         for path, value in files.items():
             path.write_text(value)
 
     @classmethod
-    def create(cls, name: str, *, memory_bytes: int | None, max_pids: int | None) -> Cgroup | None:
+    def create(cls, name: str, *, memory_bytes: int | None, max_pids: int | None,
+               cpus: float | None = None) -> Cgroup | None:
         """A new cgroup, or None where this process may not make one (then rlimits are all we have)."""
         own = _own_paths()
         leaf = f"openrebench-{name}-{uuid.uuid4().hex[:8]}"
@@ -54,6 +56,12 @@ class Cgroup:
                 for d in (mem, pids):
                     d.mkdir()
                     made.append(d)
+                cpu_dir = CGROUP_ROOT / "cpu" / own.get("cpu", own.get("cpu,cpuacct", "/")).lstrip("/") / leaf
+                if cpus and (CGROUP_ROOT / "cpu").is_dir():
+                    cpu_dir.mkdir()
+                    made.append(cpu_dir)
+                    files[cpu_dir / "cpu.cfs_period_us"] = "100000"
+                    files[cpu_dir / "cpu.cfs_quota_us"] = str(int(cpus * 100000))
                 if memory_bytes:
                     files[mem / "memory.limit_in_bytes"] = str(memory_bytes)
                     with contextlib.suppress(OSError):  # swap accounting is optional
@@ -71,6 +79,8 @@ class Cgroup:
                     files[group / "memory.swap.max"] = "0"
                 if max_pids:
                     files[group / "pids.max"] = str(max_pids)
+                if cpus:
+                    files[group / "cpu.max"] = f"{int(cpus * 100000)} 100000"
                 return cls(made, files)
         except OSError:
             for d in made:

@@ -84,6 +84,7 @@ class SandboxConfig(BaseModel, frozen=True):
     time_limit_s: float | None = None
     memory_limit_gb: float = 8.0
     max_processes: int = 1024
+    cpus: float | None = None  # CPU time of the whole attempt, in cores (default: all of them)
     gpu_wait_s: float | None = None
 
 
@@ -217,7 +218,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
         cgroup = None
         if isolation == "bwrap":
             cgroup = Cgroup.create("agent", memory_bytes=int(config.memory_limit_gb * 1024**3),
-                                   max_pids=config.max_processes)
+                                   max_pids=config.max_processes, cpus=config.cpus or os.cpu_count())
         sandbox = cls(run, config, harness_dir, isolation, lease, cgroup)
         await sandbox._start_server()
         return sandbox
