@@ -233,7 +233,7 @@ def demo(
         run, row = start_run(env_id, tier, directory)
         assert row is not None
     _print_row(run, row)
-    env.install_reference(run.workspace)
+    env.install_reference(run.workspace, tier)
     console.print("Reference solution put in place of the agent's.")
     _print_row(run, _score_with_status(run, "Scoring the reference solution"))
     rows, _ = run.rows()

@@ -103,17 +103,23 @@ class Environment(ABC):
 
     def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""
-        self.install_starting(workspace)
+        self.install_starting(workspace, tier)
 
-    def install_reference(self, workspace: Path) -> None:
+    def reference_files(self, tier: str | None = None) -> list[tuple[Path, str]]:
+        """The reference solution as (host file, path in the workspace) pairs: by default the files of
+        `reference/`; environments whose reference includes built assets (trained weights) add them."""
+        root = self.root / "reference"
+        return [(f, str(f.relative_to(root))) for f in sorted(root.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts]
+
+    def install_reference(self, workspace: Path, tier: str | None = None) -> None:
         """Put the reference solution in place of the agent's (for demos, tests and calibration)."""
-        self._install("reference", workspace)
+        for source, rel in self.reference_files(tier):
+            (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, workspace / rel)
 
-    def install_starting(self, workspace: Path) -> None:
-        self._install("starting", workspace)
-
-    def _install(self, folder: str, workspace: Path) -> None:
-        shutil.copytree(self.root / folder, workspace, dirs_exist_ok=True,
+    def install_starting(self, workspace: Path, tier: str | None = None) -> None:
+        shutil.copytree(self.root / "starting", workspace, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
 
     @abstractmethod

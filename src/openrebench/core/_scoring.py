@@ -273,7 +273,7 @@ def calibrate_environment(env_id: str, tier: str, repeats: int, *, command: str,
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
                 run, _ = start_run(env_id, tier, Path(tmp) / which, score_start=False)
-                (env.install_reference if which == "reference" else env.install_starting)(run.workspace)
+                (env.install_reference if which == "reference" else env.install_starting)(run.workspace, tier)
                 runs[which] = run
             row = score_run(runs[which], kind="calibration", charged=False)
             return row.raw, row.message

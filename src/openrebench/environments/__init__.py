@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from openrebench.core import Environment, OpenRebenchError
 
+from .fix_embedding.env import FixEmbedding
 from .optimize_kernel.env import OptimizeKernel
 
-ENVIRONMENTS: dict[str, type[Environment]] = {env.id: env for env in (OptimizeKernel,)}
+ENVIRONMENTS: dict[str, type[Environment]] = {env.id: env for env in (OptimizeKernel, FixEmbedding)}
 
 
 def get_environment(env_id: str) -> Environment:

@@ -68,9 +68,8 @@ def oracle() -> Agent:
     async def execute(state: AgentState) -> AgentState:
         box = _run_sandbox()
         env = get_environment(box.run.info.env_id)
-        for path in sorted((env.root / "reference").rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                await box.write_file(str(path.relative_to(env.root / "reference")), path.read_bytes())
+        for source, rel in env.reference_files(box.run.info.tier):
+            await box.write_file(rel, source.read_bytes())
         from inspect_ai.model import ChatMessageAssistant
 
         # Scored twice, as an agent would that scores often: timing noise on a busy machine then
@@ -143,5 +142,12 @@ def optimize_kernel(tier: str = "mini", agent: str = "oracle", time_limit: float
     return rebench_task("optimize_kernel", tier, agent, time_limit, runs_dir, isolation)
 
 
-TASKS = {"optimize_kernel": optimize_kernel}
+@task
+def fix_embedding(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
+                  runs_dir: str = "runs", isolation: str = "auto") -> Task:
+    """RE-Bench "Fix Embedding" (ai_rd_fix_embedding)."""
+    return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation)
+
+
+TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding}
 assert set(TASKS) == set(ENVIRONMENTS), "every environment needs an Inspect task"

@@ -1,0 +1,133 @@
+"""Assets of fix_embedding: the data (in the tier's vocabulary), the large and the small model, the
+permutation, and the reference fix. All built once per machine, deterministic from the tier's
+seeds, cached under `<cache>/lm/` with manifests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from openrebench.core import TierSpec
+from openrebench.lm import (
+    SPLITS,
+    Corpus,
+    GPTConfig,
+    TrainConfig,
+    assets_root,
+    build_corpus,
+    build_trained_model,
+    load_model,
+    save_checkpoint,
+)
+from openrebench.lm._assets import Deadline, cached_build
+
+from ._vocab import top_tokens, write_remapped
+
+BUILDER_VERSION = "1"
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Assets:
+    data: Corpus
+    large: Path  # checkpoint folders
+    small: Path
+    permuted: Path
+    reference: Path
+
+
+def model_config(spec: TierSpec, which: str) -> GPTConfig:
+    return GPTConfig(**{**spec.params["model_common"], **spec.params[which]})
+
+
+def _data(spec: TierSpec, cache_dir: Path) -> Corpus:
+    corpus = build_corpus(spec.params["corpus"], cache_dir, progress=False)
+    size = spec.params["model_common"]["vocab_size"]
+    if size >= 50257:
+        return corpus
+    folder = assets_root(cache_dir) / f"fixemb-data-{corpus.kind}-v{size}"
+
+    def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
+        kept = top_tokens(corpus.tokens("train"), size)
+        counts = {s: write_remapped(corpus.bin_path(s), partial / f"{s}.bin", kept, size) for s in SPLITS}
+        (partial / "vocab.json").write_text(json.dumps({"gpt2_ids": kept.tolist(), "unk": size - 1}) + "\n")
+        unk = {s: float(np.mean(np.fromfile(partial / f"{s}.bin", dtype=np.uint16) == size - 1))
+               for s in SPLITS}
+        return {"corpus": str(corpus.path)}, {"tokens": counts, "unk_fraction": unk}
+
+    manifest = cached_build(folder, what=f"corpus:{corpus.kind}-vocab{size}", builder_version=BUILDER_VERSION,
+                            seed=corpus.manifest.seed, params={"size": size, "corpus": corpus.manifest.key()},
+                            build=build)
+    return Corpus(folder, manifest)
+
+
+def _load_reference_fix() -> Any:
+    spec = importlib.util.spec_from_file_location("fixemb_reference", HERE / "reference" / "fix.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
+    p = spec.params
+    data = _data(spec, cache_dir)
+    large = build_trained_model(f"fixemb-{spec.name}-large", model_config(spec, "large"),
+                                TrainConfig(**p["train_large"]), data, cache_dir=cache_dir, progress=progress)
+    small = build_trained_model(f"fixemb-{spec.name}-small", model_config(spec, "small"),
+                                TrainConfig(**p["train_small"]), data, cache_dir=cache_dir, progress=progress)
+
+    permuted_dir = assets_root(cache_dir) / f"fixemb-{spec.name}-permuted"
+
+    def permute(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
+        model = large.load()
+        g = torch.Generator().manual_seed(p["permutation_seed"])
+        perm = torch.randperm(model.config.vocab_size, generator=g)
+        with torch.no_grad():  # row i of the new matrix is the old row perm[i]; lm_head is tied
+            model.transformer.wte.weight.copy_(model.transformer.wte.weight[perm])
+        save_checkpoint(partial / "model", model, meta={"name": "large model, embedding permuted"})
+        return {"large": str(large.path)}, {}
+
+    permuted = cached_build(permuted_dir, what=f"model:fixemb-{spec.name}-permuted",
+                            builder_version=BUILDER_VERSION, seed=p["permutation_seed"],
+                            params={"large": large.manifest.key()}, build=permute)
+    del permuted
+
+    reference_dir = assets_root(cache_dir) / f"fixemb-{spec.name}-reference"
+
+    def fix(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
+        torch.manual_seed(p["reference"]["seed"])
+        model = _load_reference_fix().fix(load_model(permuted_dir / "model"), small.load(),
+                                          np.memmap(data.bin_path("train"), dtype=np.uint16, mode="r"),
+                                          **p["reference"])
+        save_checkpoint(partial / "model", model, meta={"name": "reference fix"})
+        return {"permuted": str(permuted_dir)}, {}
+
+    cached_build(reference_dir, what=f"model:fixemb-{spec.name}-reference", builder_version=BUILDER_VERSION,
+                 seed=p["reference"]["seed"],
+                 params={"reference": p["reference"], "fix_sha256": _sha(HERE / "reference" / "fix.py"),
+                         "small": small.manifest.key(), "large": large.manifest.key()}, build=fix)
+    return Assets(data=data, large=large.path, small=small.path, permuted=permuted_dir / "model",
+                  reference=reference_dir / "model")
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def copy_model(source: Path, dest: Path) -> None:
+    """A checkpoint folder's weights and config only (no optimizer state)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "model.pt"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, dest / name)

@@ -1,0 +1,98 @@
+"""fix_embedding on the mini tier: assets, the start and reference scores, and what the scorer refuses."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from openrebench.core import Run, score_run, start_run
+from openrebench.environments import get_environment
+from openrebench.lm import GPT, GPTConfig, save_checkpoint
+
+pytest_plugins = ["lm_support"]
+
+
+@pytest.fixture(scope="session")
+def fixemb_home(lm_home: Path, lm_sources: Path) -> Path:
+    """The mini assets (data, both models, the permutation, the reference fix), built once."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))
+        mp.setenv("OPENREBENCH_HOME", str(lm_home))
+        get_environment("fix_embedding").build_assets("mini", lm_home)
+    return lm_home
+
+
+@pytest.fixture
+def run(fixemb_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+    monkeypatch.setenv("OPENREBENCH_HOME", str(fixemb_home))
+    return start_run("fix_embedding", "mini", tmp_path / "run", score_start=False)[0]
+
+
+def test_workspace_has_the_models_and_data_but_not_the_heldout_split(run: Run) -> None:
+    ws = run.workspace
+    for name in ("large_model/model.safetensors", "small_model/model.safetensors", "fixed_model/config.json",
+                 "data/train.bin", "data/val.bin", "data/vocab.json", "example.py"):
+        assert (ws / name).is_file(), name
+    assert not list(ws.rglob("heldout*"))
+    assert (run.protected / "heldout.bin").is_file()
+    heldout = (run.protected / "heldout.bin").read_bytes()[:4096]
+    for name in ("train.bin", "val.bin"):
+        assert heldout not in (ws / "data" / name).read_bytes()
+
+
+def test_start_is_near_useless_and_the_reference_recovers(run: Run) -> None:
+    env = get_environment("fix_embedding")
+    start = score_run(run)
+    assert start.raw is not None, start.message
+    assert start.details["loss"] > 8  # a permuted embedding is worse than guessing uniformly (ln 4096 = 8.3)
+    env.install_reference(run.workspace, "mini")
+    ref = score_run(run)
+    assert ref.raw is not None, ref.message
+    assert ref.details["loss"] < 6.5 and ref.raw < start.raw - 0.5
+    assert ref.normalised is not None and ref.normalised >= 0.9
+
+
+def _save(run: Run, model: GPT) -> None:
+    save_checkpoint(run.workspace / "fixed_model", model)
+
+
+def test_a_different_architecture_is_invalid(run: Run) -> None:
+    config = GPTConfig.model_validate_json((run.protected / "model_config.json").read_text())
+    _save(run, GPT(config.model_copy(update={"n_embd": config.n_embd * 2})))
+    row = score_run(run)
+    assert row.raw is None and "architecture" in row.message and "shape" in row.message
+
+
+def test_nan_weights_and_missing_output_are_invalid(run: Run) -> None:
+    config = GPTConfig.model_validate_json((run.protected / "model_config.json").read_text())
+    model = GPT(config)
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    _save(run, model)
+    row = score_run(run)
+    assert row.raw is None and "NaN" in row.message
+    for f in (run.workspace / "fixed_model").iterdir():
+        f.unlink()
+    row = score_run(run)
+    assert row.raw is None and "no model.safetensors" in row.message
+
+
+class _Payload:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {_Payload.marker}",))
+
+    marker = ""
+
+
+def test_a_pickle_that_runs_code_is_refused_not_run(run: Run, tmp_path: Path) -> None:
+    _Payload.marker = str(tmp_path / "pwned")
+    out = run.workspace / "fixed_model"
+    (out / "model.safetensors").unlink()
+    (out / "model.pt").write_bytes(pickle.dumps({"transformer.wte.weight": _Payload()}))
+    row = score_run(run)
+    assert row.raw is None and "could not read the weights" in row.message
+    assert not (tmp_path / "pwned").exists()
