@@ -139,6 +139,11 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
             args += ["--ro-bind", top, top]
     args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/home"]
+    for bind in spec.binds:
+        flag = "--dev-bind" if bind.device else "--bind" if bind.writable else "--ro-bind"
+        args += [*_traversable_parents(bind.dest), flag, str(bind.source), bind.dest]
+    # Python and the package after the caller's binds: an installation under /tmp (a checkout there,
+    # say) must stay visible when the caller puts its own folder on /tmp.
     ro_roots = python_roots()
     pkg = str(package_root())
     if not any(pkg == r or pkg.startswith(r + "/") for r in ro_roots):
@@ -152,9 +157,6 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
         args += ["--ro-bind", "/sys", "/sys"]
     for dev in spec.devices:
         args += ["--dev-bind", dev, dev]
-    for bind in spec.binds:
-        flag = "--dev-bind" if bind.device else "--bind" if bind.writable else "--ro-bind"
-        args += [*_traversable_parents(bind.dest), flag, str(bind.source), bind.dest]
     args.append("--clearenv")
     for key, value in spec.env.items():
         args += ["--setenv", key, value]

@@ -104,7 +104,8 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
 
     def fix(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         torch.manual_seed(p["reference"]["seed"])
-        model = _load_reference_fix().fix(load_model(permuted_dir / "model"), small.load(),
+        device = "cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu"
+        model = _load_reference_fix().fix(load_model(permuted_dir / "model", device), small.load(device),
                                           np.memmap(data.bin_path("train"), dtype=np.uint16, mode="r"),
                                           **p["reference"])
         save_checkpoint(partial / "model", model, meta={"name": "reference fix"})

@@ -44,7 +44,7 @@ FULL: dict[str, Any] = {
                     "device": "cuda", "compile": True, "eval_batches": 20, "checkpoint_interval_s": 120,
                     "seed": 2},
     "permutation_seed": 3,
-    "reference": {"map_steps": 400, "tune_steps": 1500, "batch_size": 32, "seed": 4},
+    "reference": {"map_steps": 400, "tune_steps": 4000, "batch_size": 32, "seed": 4},
     "output_dir": OUTPUT_DIR, "eval_batches": 50, "eval_batch_size": 32, "eval_seed": 12345,
 }
 

@@ -9,6 +9,8 @@ Folding E in as the new embedding and fine-tuning everything then recovers most 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -28,15 +30,21 @@ def forward_with(model: GPT, emb: torch.Tensor, idx: torch.Tensor, targets: torc
 
 def fix(large: GPT, small: GPT, train: object, *, map_steps: int, tune_steps: int, batch_size: int,
         lr_map: float = 3e-2, lr_tune: float = 1e-3, seed: int = 0) -> GPT:
+    device = next(large.parameters()).device
+    small = small.to(device)
+    autocast = (torch.autocast("cuda", torch.bfloat16) if device.type == "cuda"
+                else contextlib.nullcontext())
     block = large.config.block_size
     small_emb = small.transformer.wte.weight.detach()
-    A = torch.nn.Parameter(torch.randn(large.config.n_embd, small.config.n_embd) * small.config.n_embd**-0.5)
+    A = torch.nn.Parameter(torch.randn(large.config.n_embd, small.config.n_embd, device=device)
+                           * small.config.n_embd**-0.5)
     for p in large.parameters():
         p.requires_grad_(False)
     opt = torch.optim.Adam([A], lr=lr_map)
     for step in range(map_steps):
-        x, y = get_batch(train, batch_size, block, batch_generator(seed, step))  # type: ignore[arg-type]
-        loss = forward_with(large, small_emb @ A.T, x, y)
+        x, y = get_batch(train, batch_size, block, batch_generator(seed, step), device)  # type: ignore[arg-type]
+        with autocast:
+            loss = forward_with(large, small_emb @ A.T, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -46,10 +54,11 @@ def fix(large: GPT, small: GPT, train: object, *, map_steps: int, tune_steps: in
         p.requires_grad_(True)
     opt = torch.optim.AdamW(large.parameters(), lr=lr_tune, weight_decay=0.0)
     for step in range(tune_steps):
-        x, y = get_batch(train, batch_size, block, batch_generator(seed + 1, step))  # type: ignore[arg-type]
-        _, loss = large(x, y)
+        x, y = get_batch(train, batch_size, block, batch_generator(seed + 1, step), device)  # type: ignore[arg-type]
+        with autocast:
+            _, loss = large(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(large.parameters(), 1.0)
         opt.step()
-    return large
+    return large.cpu()
