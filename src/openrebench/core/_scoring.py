@@ -115,7 +115,9 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str],
                Bind(protected, f"{SCORE_DIR}/protected")],
         cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False,
         limits=Limits(max_processes=None if cgroup else 4096))
-    cmd = bwrap_command([sys.executable, "-m", "openrebench.core._scorer_main"], spec)
+    # -P: the working directory (the solution) must not come first on sys.path, or a solution
+    # shipping openrebench/ or torch/ would replace the scorer's own modules.
+    cmd = bwrap_command([sys.executable, "-P", "-m", "openrebench.core._scorer_main"], spec)
     paths = {"solution": f"{SCORE_DIR}/solution", "protected": f"{SCORE_DIR}/protected"}
     return [*(cgroup.enter_prefix() if cgroup else []), *cmd], paths
 
@@ -132,7 +134,7 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
         cgroup = Cgroup.create("score", memory_bytes=int(limit * 1.25) + (1 << 30), max_pids=4096)
         cmd, paths = _sandboxed_command(solution, protected, devices, cgroup)
     else:
-        cmd = [*pid_namespace_prefix(), sys.executable, "-m", "openrebench.core._scorer_main"]
+        cmd = [*pid_namespace_prefix(), sys.executable, "-P", "-m", "openrebench.core._scorer_main"]
         paths = {"solution": str(solution), "protected": str(protected)}
     config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
     try:
