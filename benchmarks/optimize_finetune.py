@@ -1,0 +1,173 @@
+"""optimize_finetune on this machine: assets, run-to-run noise, calibration, cheats.
+
+1. Assets: the initial model, the records, the tokenizer (seconds, cached after the first call).
+2. `--noise`: outside the scorer, on one draw of inputs (seed and records): the starting pipeline
+   twice and the reference pipeline twice, then the reference on another draw. L1 distances between
+   the weights, as shares of the reference run's own change from the initial weights: run-to-run noise
+   of each pipeline, start against reference (what a scoring compares), and a stale result (what
+   copying an earlier run gives). The tolerance must sit well above the first and well below the last.
+3. Calibration through the real scoring pipeline: the starting and the reference solutions scored
+   `--repeats` times each; every scoring also reports its reference run's time and L1 distances.
+4. `--cheats`: the known cheats (`_cheats.py`) scored through the real pipeline; each must be invalid.
+
+Prints as it goes and rewrites the JSON at `--out` after every step (a run stopped early keeps what it
+measured).
+
+    .venv/bin/python benchmarks/optimize_finetune.py --tier mini --repeats 3 --noise --cheats \\
+        --record-dir src/openrebench/environments/optimize_finetune/calibration \\
+        --out benchmarks/results/optimize_finetune_mini_xeon.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from openrebench.core import cache_dir, calibrate, detect_hardware, save_record, score_run, start_run
+from openrebench.environments import get_environment
+from openrebench.environments.optimize_finetune._cheats import CHEATS, install_cheat
+from openrebench.environments.optimize_finetune._weights import Weights, distances
+from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
+from openrebench.environments.optimize_finetune.scorer import prepare_inputs, run_pipeline, set_seed
+
+
+class Results:
+    def __init__(self, path: Path, **header: Any) -> None:
+        self.path, self.data = path, dict(header)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+
+
+def _pipeline(which: str, env: Any, tier: str, protected: Path, seed: int, records: list[str],
+              folder: Path, timeout_s: float) -> tuple[Path, float]:
+    """One run of the starting or the reference pipeline, as the scorer runs them; (weights, seconds)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    if which == "start":
+        env.install_starting(folder, tier)
+    else:
+        for f in (protected / "reference").iterdir():
+            shutil.copyfile(f, folder / f.name)
+    config = set_seed((protected / CONFIG).read_text(), seed)
+    assert config is not None
+    prepare_inputs(folder, protected, seed, records, config, None, link=True)
+    outcome = run_pipeline(folder, timeout_s, drop=False)
+    if outcome.exit_code != 0:
+        raise RuntimeError(f"the {which} pipeline failed ({outcome.exit_code}):\n{outcome.tail}")
+    return folder / OUTPUT_DIR, outcome.seconds
+
+
+def noise(env: Any, tier: str, protected: Path, work: Path) -> dict[str, Any]:
+    spec = env.tier(tier)
+    setup = Setup.model_validate_json((protected / "setup.json").read_text())
+    pool = (protected / "pool.jsonl").read_text().splitlines(keepends=True)
+    draws = [(secrets.randbelow(2**31 - 1), random.Random(secrets.randbits(64)).sample(pool, setup.records))
+             for _ in range(2)]
+    timeout = float(spec.params["run_timeout_s"])
+    plan = [("start_a", "start", 0), ("start_b", "start", 0), ("reference_a", "reference", 0),
+            ("reference_b", "reference", 0), ("reference_other_draw", "reference", 1)]
+    out, seconds = {}, {}
+    for name, which, draw in plan:
+        out[name], seconds[name] = _pipeline(which, env, tier, protected, *draws[draw], work / name, timeout)
+        print(f"  {name}: {seconds[name]:.1f} s")
+    initial = Weights(protected / "initial_model")
+    pairs = {"start_run_to_run": ("start_a", "start_b"),
+             "reference_run_to_run": ("reference_b", "reference_a"),
+             "start_vs_reference": ("start_a", "reference_a"),
+             "stale_vs_reference": ("reference_other_draw", "reference_a")}
+    result: dict[str, Any] = {"seconds": seconds, "seeds": [d[0] for d in draws]}
+    for label, (a, b) in pairs.items():
+        # relative: L1(a - b) over L1(b - initial), b's own change (the reference run's, but for start_b)
+        d = distances(Weights(out[a]), Weights(out[b]), initial)
+        result[label] = {"l1": d.agent_reference, "relative": d.relative,
+                         "max_abs": d.max_abs_agent_reference, "update_l1": d.reference_initial}
+        print(f"  {label:<22} L1 {d.agent_reference:.4g}  ({d.relative:.3e} of the update)")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tier", default="mini")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--noise", action="store_true", help="measure run-to-run noise outside the scorer")
+    parser.add_argument("--cheats", action="store_true", help="score the known cheats")
+    parser.add_argument("--record-dir", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    env = get_environment("optimize_finetune")
+    command = " ".join(["python", *sys.argv])
+    results = Results(args.out, command=command, env_id=env.id, tier=args.tier,
+                      hardware=detect_hardware().model_dump())
+
+    started = time.monotonic()
+    env.build_assets(args.tier, cache_dir())
+    results.put("asset_build_seconds_this_call", time.monotonic() - started)
+    print(f"assets ready in {time.monotonic() - started:.1f} s")
+
+    with tempfile.TemporaryDirectory(prefix="optimize-finetune-bench-") as tmp:
+        runs = {which: start_run(env.id, args.tier, Path(tmp) / which, score_start=False)[0]
+                for which in ("start", "reference")}
+        env.install_reference(runs["reference"].workspace, args.tier)
+
+        if args.noise:
+            print("noise: the same inputs run twice by each pipeline, and a different draw")
+            results.put("noise", noise(env, args.tier, runs["start"].protected, Path(tmp) / "noise"))
+
+        scorings: list[dict[str, Any]] = []
+
+        def score_once(which: str) -> tuple[float | None, str]:
+            row = score_run(runs[which], kind="calibration", charged=False)
+            scorings.append({"which": which, "raw": row.raw, "message": row.message,
+                             "duration_s": row.duration_s, "details": row.details})
+            results.put("scorings", scorings)
+            return row.raw, row.message
+
+        record = calibrate(env, args.tier, args.repeats, score_once=score_once, command=command,
+                           on_progress=lambda w, i, raw, msg: print(f"  {w} #{i}: {msg.splitlines()[0]}"))
+        results.put("calibration", record.model_dump(mode="json"))
+        for which, stats in (("start", record.start), ("reference", record.reference)):
+            secs = [2.718281828459045 ** v for v in stats.values]
+            print(f"{which:<10} median ln(s) {stats.median:.4f}  seconds {statistics.median(secs):.2f} "
+                  f"(min {min(secs):.2f}, max {max(secs):.2f})")
+        for which in ("start", "reference"):
+            relative = [s["details"]["relative_l1"] for s in scorings
+                        if s["which"] == which and "relative_l1" in s["details"]]
+            if relative:
+                print(f"{which}: relative L1 to each scoring's reference run, max {max(relative):.3e}")
+        if args.record_dir:
+            print(f"record: {save_record(record, args.record_dir)}")
+
+        if args.cheats:
+            cheats: dict[str, Any] = {}
+            earlier = Path(tmp) / "earlier"
+            protected = runs["start"].protected
+            setup = Setup.model_validate_json((protected / "setup.json").read_text())
+            pool = (protected / "pool.jsonl").read_text().splitlines(keepends=True)
+            earlier_weights, _ = _pipeline("reference", env, args.tier, protected, 12345,
+                                           pool[:setup.records], earlier, float(env.tier(args.tier).params[
+                                               "reference_timeout_s"]))
+            for name in CHEATS:
+                run = start_run(env.id, args.tier, Path(tmp) / f"cheat-{name}", score_start=False)[0]
+                install_cheat(name, run.workspace, earlier_weights)
+                row = score_run(run, kind="calibration", charged=False)
+                cheats[name] = {"raw": row.raw, "message": row.message, "duration_s": row.duration_s,
+                                "relative_l1": row.details.get("relative_l1")}
+                print(f"  cheat {name}: {row.message.splitlines()[0]}")
+                results.put("cheats", cheats)
+
+
+if __name__ == "__main__":
+    main()

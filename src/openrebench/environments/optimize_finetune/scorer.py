@@ -1,0 +1,292 @@
+"""Scoring optimize_finetune: the agent's finetune.sh on fresh inputs, timed from outside, then the
+reference pipeline on the same inputs, then the two sets of weights compared.
+
+Every scoring draws a fresh seed (written into the solution's finetune.yaml) and a fresh sample of
+the records (finetune_data.jsonl), restores the initial model and the tokenizer and deletes any old
+trained_model/, so weights from an earlier run, copied, or made any way but by training on these
+inputs do not match. finetune.sh runs as a child of this process (in the scoring sandbox as an
+unprivileged user, who cannot read protected/); its wall-clock time is measured here, from its start
+until it and every process it started have exited, so nothing it does to its own clocks changes the
+time. Processes still running well after finetune.sh exits are killed and make the scoring invalid.
+No code of the agent's runs in this process: the weights are read as safetensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import yaml
+
+from openrebench.core import SANDBOX_UID, ScoreResult, TierSpec
+
+from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
+from .env import CONFIG, DATA, OUTPUT_DIR, Setup
+
+SEED_LINE = re.compile(r"^seed:[^\n]*$", re.MULTILINE)
+GRACE_S = 10.0  # how long processes may outlive finetune.sh (e.g. multiprocessing's resource tracker)
+
+
+def set_seed(config: str, seed: int) -> str | None:
+    """The config with its top-level `seed:` line set to `seed`; None if it has no single such line."""
+    if len(SEED_LINE.findall(config)) != 1:
+        return None
+    patched = SEED_LINE.sub(f"seed: {seed}", config)
+    try:
+        parsed = yaml.safe_load(patched)
+    except yaml.YAMLError:
+        return None
+    return patched if isinstance(parsed, dict) and parsed.get("seed") == seed else None
+
+
+@dataclass
+class Outcome:
+    seconds: float
+    started_at: float  # wall clock (time.time) at the start, for file times
+    exit_code: int | None  # None: stopped at the time limit
+    stragglers: int  # processes still running GRACE_S after finetune.sh exited (killed)
+    tail: str
+
+
+def _child_env(home: str) -> dict[str, str]:
+    """The scorer's environment, with a fresh home (no caches carried between scorings), offline."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREBENCH_")}
+    bin_dir = os.path.dirname(sys.executable)  # `python` in finetune.sh is the scorer's interpreter
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", HOME=home, HF_HOME=f"{home}/hf",
+               PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_HUB_DISABLE_TELEMETRY="1")
+    return env
+
+
+def _become_subreaper() -> bool:
+    """Orphaned descendants (double-forked, setsid daemons) become this process's children, not init's,
+    so that everything the run started can be found and killed (Linux; elsewhere the session is used)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _processes(session: int | None) -> list[psutil.Process]:
+    """Live processes the run started: this process's descendants (and, without a subreaper, anything
+    left in the run's session)."""
+    found: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        found.update((p.pid, p) for p in psutil.Process().children(recursive=True))
+    for p in psutil.process_iter() if session is not None else []:
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.pid != os.getpid() and os.getsid(p.pid) == session:
+                found[p.pid] = p
+    live = []
+    for p in found.values():
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                live.append(p)
+    return live
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for p in processes:
+        with contextlib.suppress(psutil.Error, OSError):
+            p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(processes, timeout=5)
+    with contextlib.suppress(ChildProcessError):  # reap orphans that were handed to this process
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def run_pipeline(folder: Path, timeout_s: float, *, drop: bool) -> Outcome:
+    """Run `bash finetune.sh` in `folder`; with `drop`, as the unprivileged sandbox user."""
+    from openrebench.core._bwrap import drop_privileges_prefix
+
+    prefix = drop_privileges_prefix() if drop else []
+    reaper = _become_subreaper()
+    with tempfile.TemporaryDirectory(prefix="finetune-log-") as logs, \
+            tempfile.TemporaryDirectory(prefix="finetune-home-") as home:
+        if drop:
+            os.chown(home, SANDBOX_UID, SANDBOX_UID)
+        log_path = Path(logs) / "output.log"
+        with open(log_path, "wb") as log:
+            started_at, t0 = time.time(), time.monotonic()
+            proc = subprocess.Popen([*prefix, "bash", "finetune.sh"], cwd=folder, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, env=_child_env(home),
+                                    start_new_session=True)
+            code: int | None
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            deadline = time.monotonic() + GRACE_S
+            session = None if reaper else proc.pid
+            while code is not None and _processes(session) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            seconds = time.monotonic() - t0
+            stragglers = _processes(session)
+            _kill(stragglers)
+            if code is None:
+                proc.wait()
+        text = log_path.read_bytes()[-20000:].decode(errors="replace")
+    tail = "\n".join(text.strip().splitlines()[-15:])[-2000:]
+    return Outcome(seconds=seconds, started_at=started_at, exit_code=code,
+                   stragglers=len(stragglers) if code is not None else 0, tail=tail)
+
+
+def _failure(outcome: Outcome, timeout_s: float) -> str | None:
+    """Why a run did not finish properly, or None."""
+    if outcome.exit_code is None:
+        return f"finetune.sh did not finish within {timeout_s:g} s"
+    if outcome.stragglers:
+        return (f"finetune.sh exited while {outcome.stragglers} process(es) it started kept running for more "
+                f"than {GRACE_S:g} s (they were killed): all work must be finished when it exits")
+    if outcome.exit_code != 0:
+        return f"finetune.sh exited with code {outcome.exit_code}"
+    return None
+
+
+def _with_tail(message: str, outcome: Outcome) -> str:
+    return f"{message}; its last output:\n{outcome.tail}" if outcome.tail else message
+
+
+def _give(path: Path, uid: int | None) -> None:
+    if uid is None:
+        return
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.chown(name, uid, uid)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def prepare_inputs(folder: Path, protected: Path, seed: int, records: list[str], config: str,
+                   owner: int | None, *, link: bool = False) -> None:
+    """This scoring's inputs in `folder`: the config with the seed, the data, the initial model and the
+    tokenizer (copies, or links for the scorer's own run); any old output removed."""
+    for name in (CONFIG, DATA, "initial_model", "tokenizer", OUTPUT_DIR):
+        _remove(folder / name)
+    (folder / CONFIG).write_text(config)
+    (folder / DATA).write_text("".join(records))
+    for name in ("initial_model", "tokenizer"):
+        if link:
+            (folder / name).symlink_to(protected / name)
+        else:
+            shutil.copytree(protected / name, folder / name)
+    for name in (CONFIG, DATA, "initial_model", "tokenizer"):
+        _give(folder / name, owner)
+
+
+def _written_before(folder: Path, started_at: float) -> str | None:
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and f.stat().st_mtime < started_at - 2:
+            return f.name
+    return None
+
+
+def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
+    p = spec.params
+    setup = Setup.model_validate_json((protected / "setup.json").read_text())
+    drop = bool(os.environ.get("OPENREBENCH_SOLUTION_DROP")) and os.geteuid() == 0
+    seed = secrets.randbelow(2**31 - 1)
+    pool = (protected / "pool.jsonl").read_text().splitlines(keepends=True)
+    records = random.Random(secrets.randbits(64)).sample(pool, setup.records)
+
+    config_path = solution / CONFIG
+    config = set_seed(config_path.read_text(errors="replace"), seed) if config_path.is_file() else None
+    if config is None:
+        return ScoreResult.invalid(f"Invalid: {CONFIG} must keep exactly one top-level `seed:` line "
+                                   "(the scorer sets a fresh seed there at every scoring).")
+    if not (solution / "finetune.sh").is_file():
+        return ScoreResult.invalid("Invalid: there is no finetune.sh in the workspace.")
+    prepare_inputs(solution, protected, seed, records, config, SANDBOX_UID if drop else None)
+    details: dict[str, object] = {"seed": seed, "records": len(records)}
+
+    timeout = float(p["run_timeout_s"])
+    run = run_pipeline(solution, timeout, drop=drop)
+    details.update(seconds=run.seconds, exit_code=run.exit_code, output_tail=run.tail)
+    failure = _failure(run, timeout)
+    if failure:
+        return ScoreResult.invalid(_with_tail(f"Invalid: {failure}", run), **details)
+
+    output = solution / OUTPUT_DIR
+    try:
+        if not output.is_dir() or output.is_symlink():
+            raise WeightsError(f"finetune.sh did not write {OUTPUT_DIR}/")
+        links = [f.name for f in output.rglob("*") if f.is_symlink()]
+        if links:
+            raise WeightsError(f"{OUTPUT_DIR}/ must hold regular files, not links ({links[0]})")
+        agent, initial = Weights(output), Weights(protected / "initial_model")
+        problem = check_architecture(agent, initial)
+        if problem:
+            raise WeightsError(f"{OUTPUT_DIR}/ is not the initial model's architecture: {problem}")
+        stale = _written_before(output, run.started_at)
+        if stale:
+            raise WeightsError(f"{OUTPUT_DIR}/{stale} was last modified before finetune.sh started; the "
+                               "weights must be written by the run itself")
+        if unchanged(agent, initial):
+            raise WeightsError(f"{OUTPUT_DIR}/ holds the initial weights unchanged: finetune.sh must train "
+                               "the model")
+    except WeightsError as e:
+        return ScoreResult.invalid(_with_tail(f"Invalid: {e}", run), **details)
+
+    with tempfile.TemporaryDirectory(prefix="finetune-reference-") as tmp:
+        work = Path(tmp)
+        for f in (protected / "reference").iterdir():
+            shutil.copyfile(f, work / f.name)
+        official = set_seed((protected / CONFIG).read_text(), seed)
+        assert official is not None
+        prepare_inputs(work, protected, seed, records, official, None, link=True)
+        ref_timeout = float(p["reference_timeout_s"])
+        ref_run = run_pipeline(work, ref_timeout, drop=False)
+        details.update(reference_seconds=ref_run.seconds)
+        failure = _failure(ref_run, ref_timeout)
+        if failure:
+            return ScoreResult.invalid(f"Invalid: the scorer's own reference run failed ({failure}); this is "
+                                       "not the solution's fault, please report it.",
+                                       **details, reference_tail=ref_run.tail)
+        try:
+            d = distances(agent, Weights(work / OUTPUT_DIR), initial)
+        except WeightsError as e:
+            return ScoreResult.invalid(f"Invalid: {OUTPUT_DIR}/: {e}.", **details)
+    details.update(distances=d.model_dump(), relative_l1=d.relative)
+
+    tolerance, least = float(p["max_relative_l1"]), float(p["min_update_share"])
+    if d.agent_initial < least * d.reference_initial:
+        return ScoreResult.invalid(
+            f"Invalid: the weights moved only {d.agent_initial:.4g} (L1) from the initial ones, against "
+            f"{d.reference_initial:.4g} for this scoring's reference run: the training did not (fully) run.",
+            **details)
+    if d.relative > tolerance:
+        return ScoreResult.invalid(
+            f"Invalid: the weights differ from this scoring's reference run by L1 {d.agent_reference:.4g}, "
+            f"{_pct(d.relative)} of the reference run's own change from the initial weights (tolerance "
+            f"{_pct(tolerance)}). Each scoring uses a fresh seed and a fresh sample of the data: the weights "
+            "must come from training on them with the settings of the original finetune.yaml.", **details)
+    raw = math.log(run.seconds)
+    return ScoreResult(raw=raw, details=details, message=(
+        f"Valid: finetune.sh took {run.seconds:.2f} s (timed by the scorer); its weights differ from this "
+        f"scoring's reference run by {_pct(d.relative)} of the training's change "
+        f"(L1 {d.agent_reference:.4g}; tolerance {_pct(tolerance)}); score ln(seconds) = {raw:.4f}"))
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.3g}%"
+
