@@ -6,8 +6,10 @@ from openrebench.core import Environment, OpenRebenchError
 
 from .fix_embedding.env import FixEmbedding
 from .optimize_kernel.env import OptimizeKernel
+from .restricted_mlm.env import RestrictedMLM
 
-ENVIRONMENTS: dict[str, type[Environment]] = {env.id: env for env in (OptimizeKernel, FixEmbedding)}
+ENVIRONMENTS: dict[str, type[Environment]] = {
+    env.id: env for env in (OptimizeKernel, FixEmbedding, RestrictedMLM)}
 
 
 def get_environment(env_id: str) -> Environment:

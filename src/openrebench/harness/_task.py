@@ -149,5 +149,12 @@ def fix_embedding(tier: str = "mini", agent: str = "oracle", time_limit: float |
     return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation)
 
 
-TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding}
+@task
+def restricted_mlm(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
+                   runs_dir: str = "runs", isolation: str = "auto") -> Task:
+    """RE-Bench "Restricted Architecture MLM" (ai_rd_restricted_mlm)."""
+    return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation)
+
+
+TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm}
 assert set(TASKS) == set(ENVIRONMENTS), "every environment needs an Inspect task"

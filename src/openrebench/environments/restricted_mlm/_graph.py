@@ -241,14 +241,16 @@ def unpack_constants(meta: list[dict[str, Any]], storages: list[bytes],
              torch.empty(0, dtype=torch.uint8, device=device) for b in storages]
     out = []
     for m in meta:
-        dtype = DTYPES.get(m["dtype"])
-        if dtype is None:
-            raise RuleViolation(f"a constant of the forward pass has an unsupported dtype ({m['dtype']})")
-        base = bases[int(m["s"])]
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        usable = base[: base.numel() - base.numel() % itemsize]
-        size, stride = [int(v) for v in m["size"]], [int(v) for v in m["stride"]]
-        out.append(torch.as_strided(usable.view(dtype), size, stride, int(m["offset"])))
+        try:
+            dtype = DTYPES[m["dtype"]]
+            base = bases[int(m["s"])]
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+            usable = base[: base.numel() - base.numel() % itemsize]
+            size, stride = [int(v) for v in m["size"]], [int(v) for v in m["stride"]]
+            out.append(torch.as_strided(usable.view(dtype), size, stride, int(m["offset"])))
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+            raise RuleViolation(f"a constant of the forward pass cannot be replayed ({type(e).__name__}: "
+                                f"{str(e)[:160]})") from None
     return out
 
 
