@@ -137,7 +137,10 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    # /dev/shm writable by everyone, as on a normal system: multiprocessing's locks and PyTorch's
+    # DataLoader workers need it.
     args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--tmpfs", "/dev/shm",
              "--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/home"]
     for bind in spec.binds:
         flag = "--dev-bind" if bind.device else "--bind" if bind.writable else "--ro-bind"
