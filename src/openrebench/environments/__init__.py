@@ -7,9 +7,10 @@ from openrebench.core import Environment, OpenRebenchError
 from .fix_embedding.env import FixEmbedding
 from .optimize_kernel.env import OptimizeKernel
 from .restricted_mlm.env import RestrictedMLM
+from .scaling_law.env import ScalingLaw
 
 ENVIRONMENTS: dict[str, type[Environment]] = {
-    env.id: env for env in (OptimizeKernel, FixEmbedding, RestrictedMLM)}
+    env.id: env for env in (OptimizeKernel, FixEmbedding, RestrictedMLM, ScalingLaw)}
 
 
 def get_environment(env_id: str) -> Environment:

@@ -156,5 +156,13 @@ def restricted_mlm(tier: str = "mini", agent: str = "oracle", time_limit: float 
     return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation)
 
 
-TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm}
+@task
+def scaling_law(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
+                runs_dir: str = "runs", isolation: str = "auto") -> Task:
+    """RE-Bench "Scaling Law Experiment" (ai_rd_small_scaling_law)."""
+    return rebench_task("scaling_law", tier, agent, time_limit, runs_dir, isolation)
+
+
+TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm,
+         "scaling_law": scaling_law}
 assert set(TASKS) == set(ENVIRONMENTS), "every environment needs an Inspect task"

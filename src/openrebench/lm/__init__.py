@@ -7,6 +7,8 @@
   (`gpt2_hf_tokenizer`, or `GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir())`), same ids.
 - Model and training: a nanoGPT-style `GPT`, `train`, `evaluate`, checkpoints, and trained models as
   cached assets (`build_trained_model`).
+- Compact vocabularies for small tiers: `compact_corpus(corpus, size)` keeps the most frequent tokens
+  and maps the rest to UNK.
 
 Every built asset lives under `<cache>/lm/` with a manifest of sha256 checksums, verified on reuse.
 """
@@ -19,11 +21,12 @@ from ._pretrained import TrainedModel, build_trained_model
 from ._sources import sources_dir
 from ._tokenizer import EOT, gpt2_hf_tokenizer, gpt2_tokenizer, gpt2_tokenizer_dir
 from ._train import TrainConfig, TrainResult, batch_generator, evaluate, get_batch, learning_rate, train
+from ._vocab import compact_corpus
 
 __all__ = [
     "EOT", "GPT", "SPLITS", "AssetError", "BuildIncomplete", "Checkpoint", "Corpus", "GPTConfig", "Manifest",
     "TrainConfig", "TrainResult", "TrainedModel", "assets_root", "batch_generator", "build_corpus",
-    "build_trained_model", "evaluate", "get_batch", "gpt2_hf_tokenizer", "gpt2_tokenizer",
+    "build_trained_model", "compact_corpus", "evaluate", "get_batch", "gpt2_hf_tokenizer", "gpt2_tokenizer",
     "gpt2_tokenizer_dir", "learning_rate", "load_checkpoint", "load_corpus", "load_manifest", "load_model",
     "openwebtext_available", "save_checkpoint", "sources_dir", "train", "verify",
 ]

@@ -1,0 +1,110 @@
+"""Assets of scaling_law: the data in the tier's vocabulary, the stored ground truth (checked against
+that data and the tier's setup) and the reference answer, which the reference procedure reaches by
+running its own small experiments once per machine (cached under `<cache>/lm/`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from openrebench.core import Environment, OpenRebenchError, TierSpec
+from openrebench.lm import Corpus, assets_root, build_corpus, compact_corpus
+from openrebench.lm._assets import Deadline, cached_build
+
+from ._ground_truth import DataKey, GroundTruth, ground_truth_path
+from .experiment import Setup, run_experiment
+
+BUILDER_VERSION = "1"
+HERE = Path(__file__).parent
+SWEEP_COMMAND = "python benchmarks/scaling_law_sweep.py --tier {tier}"
+
+
+@dataclass(frozen=True)
+class Assets:
+    data: Corpus
+    setup: Setup
+    ground_truth: Path
+    reference_answer: Path | None  # None when not asked for
+
+
+def device_for(spec: TierSpec) -> str:
+    return "cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu"
+
+
+def data_for(spec: TierSpec, cache_dir: Path) -> Corpus:
+    corpus = build_corpus(spec.params["corpus"], cache_dir, progress=False)
+    return compact_corpus(corpus, spec.params["setup"]["vocab_size"], cache_dir)
+
+
+def load_ground_truth(env: Environment, spec: TierSpec, setup: Setup,
+                      data: Corpus) -> tuple[GroundTruth, Path]:
+    """The stored sweep for this tier, checked against this machine's data and the tier's setup."""
+    path = ground_truth_path(env.root, spec.name)
+    again = SWEEP_COMMAND.format(tier=spec.name)
+    if not path.is_file():
+        raise OpenRebenchError(f"scaling_law {spec.name}: no ground truth yet ({path.name} is missing); "
+                               f"compute it with `{again}`")
+    truth = GroundTruth.model_validate_json(path.read_text())
+    if truth.setup != setup:
+        raise OpenRebenchError(f"scaling_law {spec.name}: {path.name} was computed for a different training "
+                               f"setup; compute it again with `{again}`")
+    if truth.data != DataKey.of(data, setup.vocab_size):
+        raise OpenRebenchError(f"scaling_law {spec.name}: {path.name} was computed on different data than "
+                               f"this machine's {data.kind} corpus; compute it again with `{again}`")
+    return truth, path
+
+
+def _load_fit() -> Any:
+    spec = importlib.util.spec_from_file_location("scaling_law_reference", HERE / "reference" / "fit.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path | None) -> Path:
+    """Run the reference procedure (its own grid of experiments under the cap, a fitted scaling law)
+    once, and keep its answer and the evidence behind it."""
+    p = spec.params["reference"]
+    folder = assets_root(cache_dir) / f"scaling-{spec.name}-reference"
+    fit_py = HERE / "reference" / "fit.py"
+
+    def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
+        device = device_for(spec)
+
+        def experiment(n_embd: int, max_iters: int) -> float:
+            return run_experiment(setup, n_embd, max_iters, data.bin_path("train"), data.bin_path("val"),
+                                  seed=p["seed"], device=device).loss
+
+        report = _load_fit().solve(setup, experiment, budget_fractions=p["budget_fractions"],
+                                   widths=p["widths"], min_iters=p["min_iters"])
+        (partial / "answer.json").write_text(json.dumps(report["answer"], indent=2) + "\n")
+        (partial / "fit.json").write_text(json.dumps(report, indent=2) + "\n")
+        return {"data": str(data.path)}, {"answer": report["answer"], "device": device}
+
+    cached_build(folder, what=f"answer:scaling_law-{spec.name}-reference", builder_version=BUILDER_VERSION,
+                 seed=p["seed"], params={"setup": setup.model_dump(), "reference": p,
+                                         "data": DataKey.of(data, setup.vocab_size).model_dump(),
+                                         "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()},
+                 build=build)
+    return folder / "answer.json"
+
+
+def build(env: Environment, spec: TierSpec, cache_dir: Path | None, *, reference: bool = True) -> Assets:
+    """The tier's assets; a missing or stale ground truth stops here, before any training."""
+    from openrebench.core import cache_dir as default_cache_dir
+
+    cache = cache_dir or default_cache_dir()
+    setup = Setup(**spec.params["setup"])
+    data = data_for(spec, cache)
+    _, truth = load_ground_truth(env, spec, setup, data)
+    answer = reference_answer(spec, setup, data, cache) if reference else None
+    return Assets(data=data, setup=setup, ground_truth=truth, reference_answer=answer)
