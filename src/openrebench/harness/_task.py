@@ -150,6 +150,13 @@ def fix_embedding(tier: str = "mini", agent: str = "oracle", time_limit: float |
 
 
 @task
+def optimize_finetune(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
+                      runs_dir: str = "runs", isolation: str = "auto") -> Task:
+    """RE-Bench "Optimize LLM Foundry" (ai_rd_optimize_llm_foundry)."""
+    return rebench_task("optimize_finetune", tier, agent, time_limit, runs_dir, isolation)
+
+
+@task
 def restricted_mlm(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
                    runs_dir: str = "runs", isolation: str = "auto") -> Task:
     """RE-Bench "Restricted Architecture MLM" (ai_rd_restricted_mlm)."""
@@ -164,5 +171,5 @@ def scaling_law(tier: str = "mini", agent: str = "oracle", time_limit: float | N
 
 
 TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm,
-         "scaling_law": scaling_law}
+         "scaling_law": scaling_law, "optimize_finetune": optimize_finetune}
 assert set(TASKS) == set(ENVIRONMENTS), "every environment needs an Inspect task"

@@ -37,7 +37,7 @@ from ._weights import Weights, WeightsError, check_architecture, distances, unch
 from .env import CONFIG, DATA, OUTPUT_DIR, Setup
 
 SEED_LINE = re.compile(r"^seed:[^\n]*$", re.MULTILINE)
-GRACE_S = 10.0  # how long processes may outlive finetune.sh (e.g. multiprocessing's resource tracker)
+GRACE_S = 5.0  # how long processes may outlive finetune.sh (e.g. multiprocessing's resource tracker)
 
 
 def set_seed(config: str, seed: int) -> str | None:
