@@ -211,6 +211,11 @@ def test_the_scorer_checks_what_a_forged_graph_does_when_it_runs() -> None:
     unknown = [{"op": "aten.add.Tensor", "args": [{"x": 0}, {"eval": "1"}], "kwargs": {}}]
     with pytest.raises(RuleViolation, match="cannot be replayed"):
         _program(unknown)(x)
+    nested: Any = 1
+    for _ in range(5000):
+        nested = [nested]
+    with pytest.raises(RuleViolation, match="nested too deeply"):
+        _program([{"op": "aten.add.Tensor", "args": [{"x": 0}, nested], "kwargs": {}}])(x)
 
 
 # ---------------------------------------------------------------- end to end, mini tier

@@ -286,16 +286,19 @@ class Program:
         self.nodes = nodes
         self.output_ref = output_ref
         self.last_use = [-1] * len(nodes)
-        for i, node in enumerate(nodes):
-            for n in self._refs((node.get("args"), node.get("kwargs"))):
-                if not 0 <= n < i:
-                    raise RuleViolation(f"operator {i} refers to the result of operator {n}, which is not "
-                                        "an earlier one")
-                self.last_use[n] = i
-        for n in self._refs(output_ref):
-            if not 0 <= n < len(nodes):
-                raise RuleViolation("the forward pass's output refers to no operator")
-            self.last_use[n] = len(nodes)
+        try:
+            for i, node in enumerate(nodes):
+                for n in self._refs((node.get("args"), node.get("kwargs"))):
+                    if not 0 <= n < i:
+                        raise RuleViolation(f"operator {i} refers to the result of operator {n}, which is "
+                                            "not an earlier one")
+                    self.last_use[n] = i
+            for n in self._refs(output_ref):
+                if not 0 <= n < len(nodes):
+                    raise RuleViolation("the forward pass's output refers to no operator")
+                self.last_use[n] = len(nodes)
+        except RecursionError:
+            raise RuleViolation("the recorded forward pass is nested too deeply") from None
 
     def _refs(self, value: Any) -> list[int]:
         if isinstance(value, dict):
@@ -352,7 +355,7 @@ class Program:
                     if self.last_use[n] == i:
                         results[n] = None
             out = self._decode(self.output_ref, results, x)
-        except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as e:
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError, RecursionError) as e:
             raise RuleViolation(f"the recorded forward pass cannot be replayed ({type(e).__name__}: "
                                 f"{str(e)[:200]})") from None
         if not isinstance(out, torch.Tensor):

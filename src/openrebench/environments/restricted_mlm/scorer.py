@@ -64,12 +64,15 @@ def _receive_program(host: SolutionProcess, p: dict[str, Any], device: torch.dev
         if not (isinstance(sizes, list) and all(isinstance(s, int) and s >= 0 for s in sizes)
                 and sum(sizes) == len(blob) - size):
             raise ValueError("bad storage sizes")
-    except (ValueError, KeyError, TypeError) as e:
-        raise SolutionError(f"the solution process sent a malformed graph ({e})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise SolutionError(f"the solution process sent a malformed graph ({type(e).__name__})") from None
     offsets = np.cumsum([size, *sizes]).tolist()
     storages = [blob[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
-    constants = unpack_constants(graph["constants"], storages, device)
-    program = Program(graph["nodes"], graph["output"], constants, device)
+    try:
+        constants = unpack_constants(graph["constants"], storages, device)
+        program = Program(graph["nodes"], graph["output"], constants, device)
+    except (KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise SolutionError(f"the solution process sent a malformed graph ({type(e).__name__})") from None
     info = {"load_s": ready.get("load_s"), "trace_s": ready.get("trace_s"), "operators": len(graph["nodes"]),
             "constants_mb": sum(sizes) / 1e6}
     return program, info
