@@ -121,6 +121,8 @@ ALLOWED = {
     "reshape, unsqueeze, stack, pad": lambda m, h, idx: F.pad(
         torch.stack([h, h]).sum(0).reshape(B, T, 2, 4).unsqueeze(0)[0].flatten(2), (0, 0)),
     "constants and casts": lambda m, h, idx: h + torch.arange(8).float() + torch.ones(8, dtype=torch.float16),
+    "repeat_interleave, roll, flip, unfold": lambda m, h, idx: h.repeat_interleave(2, dim=2)[..., ::2]
+    + h.roll(1, dims=1).flip(2) + F.pad(h, (0, 0, 1, 1)).unfold(1, 3, 1).sum(-1),
 }
 
 

@@ -22,7 +22,8 @@ ALLOWED_OPS: frozenset[str] = frozenset({
     # nn.Embedding, gather and other indexing (indices are integers from the input or constants)
     "embedding", "gather", "index_select", "index", "take", "select", "slice", "narrow", "as_strided",
     "unfold", "diagonal", "index_put", "index_put_", "scatter", "scatter_", "scatter_add", "scatter_add_",
-    "index_add", "index_add_", "index_copy", "index_copy_", "slice_scatter", "select_scatter",
+    "index_add", "index_add_", "index_copy", "index_copy_", "index_fill", "index_fill_", "slice_scatter",
+    "select_scatter", "repeat_interleave",
     # reshaping, concatenating, copying
     "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "unsqueeze", "squeeze", "permute",
     "transpose", "t", "flatten", "unflatten", "split", "split_with_sizes", "chunk", "unbind", "cat",
