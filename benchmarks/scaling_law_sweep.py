@@ -30,7 +30,7 @@ import torch
 from openrebench.core import cache_dir, calibrate_environment, detect_hardware, save_record
 from openrebench.environments import get_environment
 from openrebench.environments.scaling_law import _assets
-from openrebench.environments.scaling_law._ground_truth import ground_truth_path, sweep
+from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path, sweep
 from openrebench.environments.scaling_law.experiment import Result, Setup
 from openrebench.environments.scaling_law.scorer import read_answer, score_answer
 from openrebench.lm import load_manifest
@@ -75,6 +75,10 @@ def main() -> None:
                   on_point=on_point)
     sweep_s = time.monotonic() - started
     path = ground_truth_path(env.root, spec.name)
+    stored = GroundTruth.model_validate_json(path.read_text()) if path.is_file() else None
+    if stored is not None and (stored.setup, stored.data, stored.points) == (truth.setup, truth.data,
+                                                                              truth.points):
+        truth = stored  # the same sweep (every point cached): keep the record of the run that made it
     text = truth.model_dump_json(indent=2) + "\n"
     path.write_text(text)
     n_opt, l_opt = truth.optimum()

@@ -43,14 +43,20 @@ def data_for(spec: TierSpec, cache_dir: Path) -> Corpus:
     return compact_corpus(corpus, spec.params["setup"]["vocab_size"], cache_dir)
 
 
+def ground_truth_file(env: Environment, spec: TierSpec) -> Path:
+    """The stored sweep's file; a tier without one stops here with the command that computes it."""
+    path = ground_truth_path(env.root, spec.name)
+    if not path.is_file():
+        raise OpenRebenchError(f"scaling_law {spec.name}: no ground truth yet ({path.name} is missing); "
+                               f"compute it with `{SWEEP_COMMAND.format(tier=spec.name)}`")
+    return path
+
+
 def load_ground_truth(env: Environment, spec: TierSpec, setup: Setup,
                       data: Corpus) -> tuple[GroundTruth, Path]:
     """The stored sweep for this tier, checked against this machine's data and the tier's setup."""
-    path = ground_truth_path(env.root, spec.name)
+    path = ground_truth_file(env, spec)
     again = SWEEP_COMMAND.format(tier=spec.name)
-    if not path.is_file():
-        raise OpenRebenchError(f"scaling_law {spec.name}: no ground truth yet ({path.name} is missing); "
-                               f"compute it with `{again}`")
     truth = GroundTruth.model_validate_json(path.read_text())
     if truth.setup != setup:
         raise OpenRebenchError(f"scaling_law {spec.name}: {path.name} was computed for a different training "
@@ -84,8 +90,14 @@ def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path
             return run_experiment(setup, n_embd, max_iters, data.bin_path("train"), data.bin_path("val"),
                                   seed=p["seed"], device=device).loss
 
-        report = _load_fit().solve(setup, experiment, budget_fractions=p["budget_fractions"],
-                                   widths=p["widths"], min_iters=p["min_iters"])
+        threads = torch.get_num_threads()
+        if device == "cpu":  # one thread: the same answer whatever the caller's setting
+            torch.set_num_threads(1)
+        try:
+            report = _load_fit().solve(setup, experiment, budget_fractions=p["budget_fractions"],
+                                       widths=p["widths"], min_iters=p["min_iters"])
+        finally:
+            torch.set_num_threads(threads)
         (partial / "answer.json").write_text(json.dumps(report["answer"], indent=2) + "\n")
         (partial / "fit.json").write_text(json.dumps(report, indent=2) + "\n")
         return {"data": str(data.path)}, {"answer": report["answer"], "device": device}
@@ -104,6 +116,7 @@ def build(env: Environment, spec: TierSpec, cache_dir: Path | None, *, reference
 
     cache = cache_dir or default_cache_dir()
     setup = Setup(**spec.params["setup"])
+    ground_truth_file(env, spec)  # before building any data
     data = data_for(spec, cache)
     _, truth = load_ground_truth(env, spec, setup, data)
     answer = reference_answer(spec, setup, data, cache) if reference else None

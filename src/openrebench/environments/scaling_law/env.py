@@ -71,7 +71,7 @@ class ScalingLaw(Environment):
             default_constants=NormConstants(
                 start=0.5254415981471539, reference=0.9470482600808143,
                 source="exact for the stored mini ground truth: the starting answer and the answer "
-                       "reference/fit.py reached on a 2-core Xeon (n_embd 32, loss 2.8102)"),
+                       "that reference/fit.py reached on a 2-core Xeon"),
         ),
         "full": TierSpec(
             name="full", description="One GPU: 4-layer GPTs (256-token context) over a 4,096-token "

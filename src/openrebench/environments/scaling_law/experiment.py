@@ -2,9 +2,9 @@
 
 One definition serves the agent's `train.py`, the ground-truth sweep and the reference procedure, so
 that a run the agent makes and a point of the sweep are the same computation. FLOPs follow the
-formula of nanoGPT's `estimate_mfu` (PaLM, appendix B), which RE-Bench's task code uses:
-6·N + 12·n_layer·n_embd·block_size per token, N counting every parameter except the position
-embeddings (the tied token embedding counts once, as the output layer's matmul).
+formula of nanoGPT's `estimate_mfu` (PaLM, appendix B): 6·N + 12·n_layer·n_embd·block_size per
+token, N counting every parameter except the position embeddings (the tied token embedding counts
+once, as the output layer's matmul).
 """
 
 from __future__ import annotations

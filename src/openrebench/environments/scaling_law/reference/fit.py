@@ -101,6 +101,9 @@ def solve(setup: Setup, experiment: Callable[[int, int], float], *, budget_fract
         grid.append({"n_embd": w, "max_iters": iters, "flops": setup.flops(w, iters),
                      "params": setup.params(w), "tokens": iters * setup.tokens_per_iter,
                      "loss": experiment(w, iters)})
+    if len(grid) < 5:
+        raise ValueError(f"the grid has {len(grid)} runs of at least {min_iters} steps under the cap; "
+                         "a fit of L(N, D) needs at least 5")
     law = fit_law([(g["params"], g["tokens"], g["loss"]) for g in grid])
     answer, table = choose(setup, law)
     return {"answer": answer, "law": asdict(law), "grid": grid, "predictions": table}

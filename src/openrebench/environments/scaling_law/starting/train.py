@@ -1,8 +1,8 @@
 """Train one model with this task's fixed setup and report its validation loss.
 
-    python train.py --n_embd 32 --max_iters 500            # one experiment
-    python train.py --n_embd 32 --flops 2e10               # max_iters chosen to spend 2e10 FLOPs
-    python train.py --n_embd 32 --max_iters 500 --dry-run  # FLOPs and parameters only
+    python train.py --n_embd 16 --max_iters 500            # one experiment
+    python train.py --n_embd 16 --flops 2e10               # max_iters chosen to spend 2e10 FLOPs
+    python train.py --n_embd 16 --max_iters 500 --dry-run  # FLOPs and parameters only
 
 Only n_embd and max_iters vary; everything else is fixed in setup.json (depth, head size, context,
 batch, learning-rate schedule) and in data/. The training code is
