@@ -88,6 +88,9 @@ def main() -> None:
     for w, loss in truth.curve():
         iters = setup.max_iters_for(w, setup.target_flops)
         print(f"  n_embd={w:<4} max_iters={iters:<6} mean loss {loss:.4f}")
+    if n_opt in (min(widths), max(widths)):
+        print(f"WARNING: the best width ({n_opt}) is at the edge of the sweep; the tier's range of widths "
+              "should be moved so that the optimum lies inside it")
 
     ref_started = time.monotonic()
     answer_path = _assets.reference_answer(spec, setup, data, cache)
