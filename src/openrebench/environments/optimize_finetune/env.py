@@ -74,8 +74,11 @@ class OptimizeFinetune(Environment):
                                      "context) finetuned for 8 steps on 64 prompt/response records.",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
             score_timeout_s=900, memory_limit_gb=6, params=MINI,
-            default_constants=NormConstants(start=math.log(40), reference=math.log(14),
-                                            source="mini estimate before calibration"),
+            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
+            # default for CPUs without a record of their own (`openrebench calibrate` makes one).
+            default_constants=NormConstants(
+                start=3.9652, reference=3.0414,
+                source="2-core Xeon calibration of 2026-11-30 (52.7 s start, 20.9 s reference)"),
         ),
         "full": TierSpec(
             name="full", description="One GPU: a 36-layer, 1280-wide GPT-2 (774M parameters, 1,024-token "
