@@ -72,9 +72,11 @@ def oracle() -> Agent:
             await box.write_file(rel, source.read_bytes())
         from inspect_ai.model import ChatMessageAssistant
 
-        # Scored twice, as an agent would that scores often: timing noise on a busy machine then
-        # costs less (the best valid score counts).
-        for _ in range(2):
+        row = await box.score()
+        state.messages.append(ChatMessageAssistant(content=box.describe(row)))
+        if env.direction != "last" and (row.normalised is None or row.normalised < 0.95):
+            # Once more, as an agent that scores often would: timing noise on a busy machine then
+            # costs less (the best valid score counts).
             state.messages.append(ChatMessageAssistant(content=box.describe(await box.score())))
         return state
 
