@@ -91,7 +91,7 @@ def earlier_run(finetune_home: Path, tmp_path_factory: pytest.TempPathFactory) -
     config = set_seed((protected / CONFIG).read_text(), 123)
     assert config is not None
     prepare_inputs(folder, protected, 123, records, config, None, link=True)
-    outcome = run_pipeline(folder, 300, drop=False)
+    outcome = run_pipeline(folder, 300, drop=False, threads=1)
     assert outcome.exit_code == 0, outcome.tail
     return folder / OUTPUT_DIR
 

@@ -61,13 +61,16 @@ class Outcome:
     tail: str
 
 
-def _child_env(home: str) -> dict[str, str]:
-    """The scorer's environment, with a fresh home (no caches carried between scorings), offline."""
+def _child_env(home: str, threads: int | None) -> dict[str, str]:
+    """The scorer's environment, with a fresh home (no caches carried between scorings), offline; with
+    `threads`, a default for the math libraries' thread pools."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREBENCH_")}
     bin_dir = os.path.dirname(sys.executable)  # `python` in finetune.sh is the scorer's interpreter
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", HOME=home, HF_HOME=f"{home}/hf",
                PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_HUB_DISABLE_TELEMETRY="1")
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
 
 
@@ -110,7 +113,7 @@ def _kill(processes: list[psutil.Process]) -> None:
             pass
 
 
-def run_pipeline(folder: Path, timeout_s: float, *, drop: bool) -> Outcome:
+def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | None = None) -> Outcome:
     """Run `bash finetune.sh` in `folder`; with `drop`, as the unprivileged sandbox user."""
     from openrebench.core._bwrap import drop_privileges_prefix
 
@@ -124,7 +127,7 @@ def run_pipeline(folder: Path, timeout_s: float, *, drop: bool) -> Outcome:
         with open(log_path, "wb") as log:
             started_at, t0 = time.time(), time.monotonic()
             proc = subprocess.Popen([*prefix, "bash", "finetune.sh"], cwd=folder, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, env=_child_env(home),
+                                    stdout=log, stderr=subprocess.STDOUT, env=_child_env(home, threads),
                                     start_new_session=True)
             code: int | None
             try:
@@ -220,7 +223,7 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
     details: dict[str, object] = {"seed": seed, "records": len(records)}
 
     timeout = float(p["run_timeout_s"])
-    run = run_pipeline(solution, timeout, drop=drop)
+    run = run_pipeline(solution, timeout, drop=drop, threads=p.get("threads"))
     details.update(seconds=run.seconds, exit_code=run.exit_code, output_tail=run.tail)
     failure = _failure(run, timeout)
     if failure:
@@ -255,7 +258,7 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
         assert official is not None
         prepare_inputs(work, protected, seed, records, official, None, link=True)
         ref_timeout = float(p["reference_timeout_s"])
-        ref_run = run_pipeline(work, ref_timeout, drop=False)
+        ref_run = run_pipeline(work, ref_timeout, drop=False, threads=p.get("threads"))
         details.update(reference_seconds=ref_run.seconds)
         failure = _failure(ref_run, ref_timeout)
         if failure:
