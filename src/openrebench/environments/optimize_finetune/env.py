@@ -87,7 +87,7 @@ class OptimizeFinetune(Environment):
             name="full", description="One GPU: a 36-layer, 1280-wide GPT-2 (774M parameters, 1,024-token "
                                      "context) finetuned in bf16 for 64 steps on 1,024 records.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class)", time_limit_hours=8,
-            score_timeout_s=2400, memory_limit_gb=96, params=FULL,
+            score_timeout_s=2400, memory_limit_gb=64, params=FULL,
             default_constants=PAPER, paper_constants=PAPER,
         ),
     }

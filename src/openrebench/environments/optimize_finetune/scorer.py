@@ -63,10 +63,16 @@ class Outcome:
 
 def _child_env(home: str, threads: int | None) -> dict[str, str]:
     """The scorer's environment, with a fresh home (no caches carried between scorings), offline; with
-    `threads`, a default for the math libraries' thread pools."""
+    `threads`, a default for the math libraries' thread pools. `python` and `python3` are the scorer's
+    own interpreter (small wrappers, so that a virtual environment stays one), then its bin folder."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREBENCH_")}
-    bin_dir = os.path.dirname(sys.executable)  # `python` in finetune.sh is the scorer's interpreter
-    env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", HOME=home, HF_HOME=f"{home}/hf",
+    wrappers = Path(home) / "bin"
+    wrappers.mkdir()
+    for name in ("python", "python3"):
+        (wrappers / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (wrappers / name).chmod(0o755)
+    path = f"{wrappers}:{os.path.dirname(sys.executable)}:{env.get('PATH', '/usr/bin:/bin')}"
+    env.update(PATH=path, HOME=home, HF_HOME=f"{home}/hf",
                PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_HUB_DISABLE_TELEMETRY="1")
     if threads:
@@ -121,13 +127,14 @@ def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | N
     reaper = _become_subreaper()
     with tempfile.TemporaryDirectory(prefix="finetune-log-") as logs, \
             tempfile.TemporaryDirectory(prefix="finetune-home-") as home:
+        env = _child_env(home, threads)
         if drop:
-            os.chown(home, SANDBOX_UID, SANDBOX_UID)
+            _give(Path(home), SANDBOX_UID)
         log_path = Path(logs) / "output.log"
         with open(log_path, "wb") as log:
             started_at, t0 = time.time(), time.monotonic()
             proc = subprocess.Popen([*prefix, "bash", "finetune.sh"], cwd=folder, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, env=_child_env(home, threads),
+                                    stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
             code: int | None
             try:
