@@ -5,7 +5,6 @@ seeds, cached under `<cache>/lm/` with manifests."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,19 +15,17 @@ import torch
 
 from openrebench.core import TierSpec
 from openrebench.lm import (
-    SPLITS,
     Corpus,
     GPTConfig,
     TrainConfig,
     assets_root,
     build_corpus,
     build_trained_model,
+    compact_corpus,
     load_model,
     save_checkpoint,
 )
 from openrebench.lm._assets import Deadline, cached_build
-
-from ._vocab import top_tokens, write_remapped
 
 BUILDER_VERSION = "1"
 HERE = Path(__file__).parent
@@ -49,23 +46,7 @@ def model_config(spec: TierSpec, which: str) -> GPTConfig:
 
 def _data(spec: TierSpec, cache_dir: Path) -> Corpus:
     corpus = build_corpus(spec.params["corpus"], cache_dir, progress=False)
-    size = spec.params["model_common"]["vocab_size"]
-    if size >= 50257:
-        return corpus
-    folder = assets_root(cache_dir) / f"fixemb-data-{corpus.kind}-v{size}"
-
-    def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
-        kept = top_tokens(corpus.tokens("train"), size)
-        counts = {s: write_remapped(corpus.bin_path(s), partial / f"{s}.bin", kept, size) for s in SPLITS}
-        (partial / "vocab.json").write_text(json.dumps({"gpt2_ids": kept.tolist(), "unk": size - 1}) + "\n")
-        unk = {s: float(np.mean(np.fromfile(partial / f"{s}.bin", dtype=np.uint16) == size - 1))
-               for s in SPLITS}
-        return {"corpus": str(corpus.path)}, {"tokens": counts, "unk_fraction": unk}
-
-    manifest = cached_build(folder, what=f"corpus:{corpus.kind}-vocab{size}", builder_version=BUILDER_VERSION,
-                            seed=corpus.manifest.seed, params={"size": size, "corpus": corpus.manifest.key()},
-                            build=build)
-    return Corpus(folder, manifest)
+    return compact_corpus(corpus, spec.params["model_common"]["vocab_size"], cache_dir)
 
 
 def _load_reference_fix() -> Any:
