@@ -53,8 +53,9 @@ FULL: dict[str, Any] = {
     "train_start": {"max_iters": 500, "batch_size": 16, "embed_dim": 256, "hidden": 2048, "out_dim": 16,
                     "lr": 1e-3, "seed": 0},
     # the paper's reference convolution (512 wide, 6 layers, kernel 7); its bigram tables would be two
-    # 50,257 x 50,257 matrices (10 GB in fp16), so the full reference is the convolution alone
-    "train_reference": {"max_iters": 20000, "batch_size": 64, "dim": 512, "layers": 6, "kernel": 7,
+    # 50,257 x 50,257 matrices (10 GB in fp16), so the full reference is the convolution alone, trained
+    # for 12,000 steps of 64 with bf16 autocast (2.7 minutes on an H200)
+    "train_reference": {"max_iters": 12000, "batch_size": 64, "dim": 512, "layers": 6, "kernel": 7,
                         "expansion": 2, "bigrams": False, "lr": 1e-3, "warmup_iters": 500, "seed": 0},
 }
 
@@ -86,7 +87,13 @@ class RestrictedMLM(Environment):
                                      "corpus (the paper: OpenWebText), loss over 2,000 batches of 8.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class)", time_limit_hours=8,
             score_timeout_s=1800, memory_limit_gb=48, params=FULL,
-            default_constants=PAPER, paper_constants=PAPER,
+            # The shipped H200 record (calibration/full--cuda-nvidia-h200.json), the default for GPUs
+            # without their own: the paper's constants (loss 7.64 -> 4.6 on OpenWebText) describe
+            # another corpus and reference, so they are kept for comparison only.
+            default_constants=NormConstants(
+                start=1.7013, reference=0.5191,
+                source="H200 calibration of 2026-11-30 (loss 6.98 start, 3.18 reference)"),
+            paper_constants=PAPER,
         ),
     }
 

@@ -4,8 +4,15 @@ What changed, and why the weights stay the same up to floating-point noise:
 - one process: tokenising, training and saving share one interpreter and one model load;
 - tokens stay in memory; micro-batches are padded to their own longest sequence, not max_seq_len
   (padding is masked out of attention and loss, so it changes nothing but the work);
-- the output layer runs on the positions that have a label only (the loss is the same mean over the
-  same positions);
+- the output layer runs on the positions that have a label only;
+- on one device, each step's records are sorted by length and packed into passes of up to
+  `pass_tokens` padded tokens (8,192 per 64 GB of GPU memory); every labelled token carries the
+  weight it had in train.py's loss (its micro-batch's share of the records over that micro-batch's
+  labelled tokens), so the gradient is the same sum, with far less padding and fewer, larger passes
+  (HF GPT-2 in eager PyTorch is bound by kernel launches: fewer passes, less Python per token);
+- padded widths are rounded up to a multiple of 64 (fewer distinct shapes for cuDNN and cuBLAS to
+  plan for), TF32 for what autocast leaves in fp32, and the weights travel to the GPU in the dtype
+  they are stored in before becoming fp32 (bf16 to fp32 is exact);
 - fused attention (`sdpa` unless the config asks for flash_attention_2) and, on GPUs, fused AdamW;
 - no evaluation and no training checkpoint: the weights go from memory to trained_model/ directly.
 The seed, the data order, the batch and micro-batch split, the loss weighting, the optimizer, the
@@ -33,6 +40,8 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 IGNORE = -100
+PASS_TOKENS = 8192  # padded tokens per forward/backward pass, per 64 GB of GPU memory (memory, not maths)
+WIDTH_MULTIPLE = 64
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -54,8 +63,14 @@ def tokenize(cfg: dict[str, Any], tokenizer: Any) -> list[tuple[list[int], int]]
     return samples
 
 
-def collate(samples: list[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max(len(ids) for ids, _ in samples)
+def collate(samples: list[tuple[list[int], int]], pad_id: int, multiple: int = 1,
+            limit: int | None = None) -> dict[str, torch.Tensor]:
+    """Padded input ids, attention mask and labels; the width is the longest record rounded up to
+    `multiple` (at most `limit`)."""
+    longest = max(len(ids) for ids, _ in samples)
+    width = -(-longest // multiple) * multiple
+    if limit is not None:
+        width = max(longest, min(width, limit))
     input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
     labels = torch.full((len(samples), width), IGNORE, dtype=torch.long)
@@ -106,14 +121,39 @@ def lr_factor(cfg: dict[str, Any], total_steps: int, steps_per_epoch: int):  # t
     return factor
 
 
-def label_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The causal-LM loss (mean over labelled positions) with the output layer on those positions only."""
+def weighted_passes(batch: list[int], samples: list[tuple[list[int], int]], micro: int,
+                    budget: int = PASS_TOKENS) -> list[tuple[list[int], list[float]]]:
+    """train.py's step loss is sum over micro-batches m of (records in m / records in the batch) times
+    the mean loss over m's labelled tokens. Give each record's tokens that weight, then sort the records
+    by length and pack them into passes of at most `budget` padded tokens: (records, weights) per pass."""
+    weight = {}
+    for lo in range(0, len(batch), micro):
+        members = batch[lo:lo + micro]
+        labelled = sum(len(samples[i][0]) - samples[i][1] for i in members)
+        for i in members:
+            weight[i] = len(members) / len(batch) / labelled
+    passes: list[tuple[list[int], list[float]]] = []
+    current: list[int] = []
+    for i in sorted(batch, key=lambda i: len(samples[i][0])):
+        if current and (len(current) + 1) * len(samples[i][0]) > budget:
+            passes.append((current, [weight[j] for j in current]))
+            current = []
+        current.append(i)
+    passes.append((current, [weight[j] for j in current]))
+    return passes
+
+
+def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """Sum over labelled tokens of the token's loss times its record's weight (output layer on those
+    tokens only)."""
     hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                               use_cache=False)[0]
     targets = batch["labels"][:, 1:]
     keep = targets != IGNORE
-    logits = model.get_output_embeddings()(hidden[:, :-1][keep])
-    return F.cross_entropy(logits.float(), targets[keep])
+    per_row = torch.tensor(weights, device=targets.device).unsqueeze(1).expand_as(targets)
+    losses = F.cross_entropy(model.get_output_embeddings()(hidden[:, :-1][keep]).float(), targets[keep],
+                             reduction="none")
+    return (losses * per_row[keep]).sum()
 
 
 def distribute(model: torch.nn.Module, cfg: dict[str, Any], device: torch.device,
@@ -146,6 +186,7 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     seed = int(cfg["seed"])
@@ -158,9 +199,9 @@ def main() -> None:
     samples = tokenize(cfg, tokenizer)
     attention = cfg["model"].get("attn_implementation", "eager")
     model = AutoModelForCausalLM.from_pretrained(
-        cfg["model"]["pretrained_model_name_or_path"], dtype=torch.float32,
+        cfg["model"]["pretrained_model_name_or_path"], dtype="auto",
         attn_implementation="flash_attention_2" if attention == "flash_attention_2" else "sdpa")
-    model = distribute(model, cfg, device, world)
+    model = distribute(model.to(device).float(), cfg, device, world)
 
     opt = cfg["optimizer"]
     if opt.get("name", "adamw") != "adamw":
@@ -182,6 +223,9 @@ def main() -> None:
         raise ValueError(f"unsupported precision {precision!r} (fp32 or amp_bf16)")
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "amp_bf16")
     pad_id = tokenizer.eos_token_id
+    memory_gb = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 0
+    pass_tokens = PASS_TOKENS * max(1, int(memory_gb // 64))
+    max_seq_len = int(cfg["max_seq_len"])
 
     step, epoch = 0, 0
     model.train()
@@ -190,12 +234,20 @@ def main() -> None:
             share = math.ceil(len(batch) / world)
             mine = batch[rank * share:(rank + 1) * share]
             optimizer.zero_grad(set_to_none=True)
-            for lo in range(0, len(mine), micro):
-                part = {k: v.to(device, non_blocking=True)
-                        for k, v in collate([samples[i] for i in mine[lo:lo + micro]], pad_id).items()}
-                with amp:
-                    loss = label_loss(model, part) if world == 1 else model(**part).loss
-                (loss * (part["input_ids"].shape[0] / len(batch)) * world).backward()
+            if world == 1:
+                for members, weights in weighted_passes(mine, samples, micro, pass_tokens):
+                    part = collate([samples[i] for i in members], pad_id, WIDTH_MULTIPLE, max_seq_len)
+                    part = {k: v.to(device, non_blocking=True) for k, v in part.items()}
+                    with amp:
+                        loss = weighted_loss(model, part, weights)
+                    loss.backward()
+            else:
+                for lo in range(0, len(mine), micro):
+                    part = {k: v.to(device, non_blocking=True)
+                            for k, v in collate([samples[i] for i in mine[lo:lo + micro]], pad_id).items()}
+                    with amp:
+                        loss = model(**part).loss
+                    (loss * (part["input_ids"].shape[0] / len(batch)) * world).backward()
             if clip > 0:
                 if hasattr(model, "clip_grad_norm_"):  # FSDP: the norm over every rank's shard
                     model.clip_grad_norm_(clip)

@@ -95,13 +95,17 @@ def train(**overrides: object) -> dict:
         model.unigram.copy_(unigram)
     model.to(cfg["device"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    # bf16 autocast on a GPU (the weights stay fp32); the CPU path is plain fp32
+    cuda = str(cfg["device"]).startswith("cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
     generator = torch.Generator().manual_seed(cfg["seed"])
     started = time.time()
     for it in range(cfg["max_iters"]):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(it, cfg)
         x, y, mask = get_batch(train_tokens, cfg, generator)
-        loss = F.cross_entropy(model(x, positions=mask), y[mask])
+        with autocast:
+            loss = F.cross_entropy(model(x, positions=mask).float(), y[mask])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
