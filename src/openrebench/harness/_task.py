@@ -61,6 +61,9 @@ def score_log() -> Tool:
     return execute
 
 
+ORACLE_SCORINGS = 3  # at most; timed environments on a shared 2-core machine vary by ±25% per scoring
+
+
 @agent
 def oracle() -> Agent:
     """Needs no model: puts the reference solution in place through the sandbox and scores it."""
@@ -72,12 +75,16 @@ def oracle() -> Agent:
             await box.write_file(rel, source.read_bytes())
         from inspect_ai.model import ChatMessageAssistant
 
-        row = await box.score()
-        state.messages.append(ChatMessageAssistant(content=box.describe(row)))
-        if env.direction != "last" and (row.normalised is None or row.normalised < 0.95):
-            # Once more, as an agent that scores often would: timing noise on a busy machine then
-            # costs less (the best valid score counts).
-            state.messages.append(ChatMessageAssistant(content=box.describe(await box.score())))
+        best: float | None = None
+        for _ in range(ORACLE_SCORINGS):
+            row = await box.score()
+            state.messages.append(ChatMessageAssistant(content=box.describe(row)))
+            if row.normalised is not None:
+                best = row.normalised if best is None else max(best, row.normalised)
+            # Again while short of the reference, as an agent that scores often would: timing noise
+            # on a busy machine then costs less (the best valid score counts).
+            if env.direction == "last" or (best is not None and best >= 0.95):
+                break
         return state
 
     return execute

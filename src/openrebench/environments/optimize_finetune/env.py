@@ -80,8 +80,8 @@ class OptimizeFinetune(Environment):
             # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
             # default for CPUs without a record of their own (`openrebench calibrate` makes one).
             default_constants=NormConstants(
-                start=3.0319, reference=1.8696,
-                source="2-core Xeon calibration of 2026-11-30 (20.7 s start, 6.5 s reference)"),
+                start=3.2934, reference=1.9935,
+                source="2-core Xeon calibration of 2026-11-30 (26.9 s start, 7.3 s reference)"),
         ),
         "full": TierSpec(
             name="full", description="One GPU: a 36-layer, 1280-wide GPT-2 (774M parameters, 1,024-token "
