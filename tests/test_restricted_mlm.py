@@ -320,17 +320,22 @@ def test_the_solution_process_never_receives_heldout_text(run: Run, monkeypatch:
 def test_oracle_through_inspect_start_and_reference_are_valid(mlm_home: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Set-up scores the starting solution; the oracle installs the reference (code and weights) through the
-    sandbox and scores it twice."""
+    sandbox and scores it until it reaches 0.95 normalised, at most ORACLE_SCORINGS times."""
     from inspect_ai import eval as inspect_eval
 
     from openrebench.harness import TASKS
+    from openrebench.harness._task import ORACLE_SCORINGS
 
     monkeypatch.setenv("OPENREBENCH_HOME", str(mlm_home))
     task = TASKS["restricted_mlm"](tier="mini", agent="oracle", runs_dir=str(tmp_path / "runs"))
     (log,) = inspect_eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     rows = log.samples[0].scores["run_score"].metadata["score_log"]
-    assert [r["kind"] for r in rows] == ["setup", "score", "score"]
+    kinds = [r["kind"] for r in rows]
+    assert kinds[0] == "setup" and set(kinds[1:]) == {"score"}, kinds
+    assert 1 <= len(kinds) - 1 <= ORACLE_SCORINGS, kinds
+    if len(kinds) - 1 < ORACLE_SCORINGS:  # it stopped early only on reaching 0.95
+        assert rows[-1]["normalised"] >= 0.95, rows[-1]
     assert all(r["raw"] is not None for r in rows), [r["message"] for r in rows]
     start, *references = rows
     for row in rows:
