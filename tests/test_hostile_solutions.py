@@ -38,6 +38,10 @@ HOSTILE: dict[str, tuple[str, str]] = {
     "patches torch at call time": (
         CORRECT.replace("    return", "    torch.Tensor.sum = lambda *a, **k: 0\n    return"),
                                    "tampering detected while running prefix_sum: torch.Tensor.sum"),
+    "patches the digest at call time": (
+        CORRECT.replace("    return", "    import openrebench.environments.optimize_kernel._inputs as i\n"
+                                     "    i._blake2b = None\n    return"),
+        "tampering detected while running prefix_sum: the digest._blake2b"),
     "installs a profiler hook": ("import sys\nsys.setprofile(lambda *a: None)\n" + CORRECT,
                                  "a trace or profile hook was installed"),
     "leaves a thread running": ("import threading, time\n" + CORRECT.replace(

@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 
 from openrebench.core import HostChannel, TamperGuard
+from openrebench.environments.optimize_kernel import _inputs
 from openrebench.environments.optimize_kernel._inputs import Digester, make_input
 
 _TIMER_NAMES = ("perf_counter", "perf_counter_ns", "monotonic", "time", "sleep")
 _TORCH_NAMES = ("randint", "zeros", "zeros_like", "empty", "remainder", "Generator", "Tensor", "device")
 _TENSOR_NAMES = ("sum", "to", "reshape", "numel", "__mul__", "tolist", "clone", "__getitem__",
-                 "dtype", "shape", "device", "is_contiguous")
+                 "dtype", "shape", "device", "is_contiguous", "contiguous", "detach", "numpy")
 _CUDA_NAMES = ("synchronize", "Event", "current_stream", "is_available")
 
 
@@ -61,7 +62,7 @@ def main() -> None:
 
     guard = (TamperGuard().watch("time", time, _TIMER_NAMES).watch("torch", torch, _TORCH_NAMES)
              .watch("torch.Tensor", torch.Tensor, _TENSOR_NAMES).watch_namespace("the scorer", globals())
-             .watch("Digester", Digester, ("__call__", "_w")))
+             .watch("Digester", Digester, ("__call__", "_w")).watch("the digest", _inputs, ("_blake2b",)))
     if cuda:
         guard.watch("torch.cuda", torch.cuda, _CUDA_NAMES)
         guard.watch("torch.cuda.Event", torch.cuda.Event, ("record", "synchronize", "elapsed_time"))

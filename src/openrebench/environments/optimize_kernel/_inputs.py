@@ -6,6 +6,7 @@ expected output ever travels; the host reports only digests of what the solution
 
 from __future__ import annotations
 
+from hashlib import blake2b as _blake2b
 from typing import Any
 
 import torch
@@ -29,8 +30,10 @@ def expected_output(x: torch.Tensor) -> torch.Tensor:
 
 
 class Digester:
-    """Two modular weighted sums and a plain sum: equal tensors give equal digests, different ones
-    collide with probability about 1e-19."""
+    """Equal tensors give equal digests; different ones almost never do. On the CPU: keyed BLAKE2b of
+    the tensor's dtype and bytes (several times faster there than arithmetic over every element). On
+    a GPU, where the tensor lives: two modular weighted sums and a plain sum (collision probability
+    about 1e-19)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -45,6 +48,11 @@ class Digester:
         return self._weights[key]
 
     def __call__(self, y: torch.Tensor) -> list[int]:
+        if y.device.type == "cpu":
+            data = y.detach().reshape(-1).contiguous().numpy()
+            h = _blake2b(str(y.dtype).encode(), key=self.seed.to_bytes(8, "little"), digest_size=16)
+            h.update(memoryview(data).cast("B"))
+            return [int.from_bytes(h.digest(), "little")]
         y64 = y.reshape(-1).to(torch.int64)
         w = self._w(y64.numel(), y64.device)
         ym = torch.remainder(y64, _P)
