@@ -290,11 +290,19 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
             f"{_pct(d.relative)} of the reference run's own change from the initial weights (tolerance "
             f"{_pct(tolerance)}). Each scoring uses a fresh seed and a fresh sample of the data: the weights "
             "must come from training on them with the settings of the original finetune.yaml.", **details)
-    raw = math.log(run.seconds)
+    seconds, speed_note = run.seconds, ""
+    if p.get("reference_run_s"):  # machine-speed drift: the trusted run of this scoring is the yardstick
+        seconds = run.seconds * float(p["reference_run_s"]) / ref_run.seconds
+        details.update(adjusted_seconds=seconds)
+        speed_note = (f"; this scoring's reference run took {ref_run.seconds:.2f} s against "
+                      f"{float(p['reference_run_s']):.2f} s at calibration, so the time counts as "
+                      f"{seconds:.2f} s")
+    raw = math.log(seconds)
     return ScoreResult(raw=raw, details=details, message=(
         f"Valid: finetune.sh took {run.seconds:.2f} s (timed by the scorer); its weights differ from this "
         f"scoring's reference run by {_pct(d.relative)} of the training's change "
-        f"(L1 {d.agent_reference:.4g}; tolerance {_pct(tolerance)}); score ln(seconds) = {raw:.4f}"))
+        f"(L1 {d.agent_reference:.4g}; tolerance {_pct(tolerance)}){speed_note}; "
+        f"score ln(seconds) = {raw:.4f}"))
 
 
 def _pct(share: float) -> str:
