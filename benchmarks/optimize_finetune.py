@@ -15,10 +15,10 @@ Prints as it goes and rewrites the JSON at `--out` after every step (a run stopp
 measured). Times and L1 distances are reported for invalid scorings too, so a tolerance that is too
 tight for a machine shows by how much.
 
-    .venv/bin/python benchmarks/optimize_finetune.py --tier mini --repeats 3 --noise --cheats \\
+    .venv/bin/python benchmarks/optimize_finetune.py --tier mini --repeats 5 --noise --cheats \\
         --record-dir src/openrebench/environments/optimize_finetune/calibration \\
         --out benchmarks/results/optimize_finetune_mini_xeon.json
-    python benchmarks/optimize_finetune.py --tier full --repeats 1 --cheats --budget-s 420 \\
+    python benchmarks/optimize_finetune.py --tier full --repeats 1 --cheats --budget-s 370 \\
         --record-dir src/openrebench/environments/optimize_finetune/calibration \\
         --out benchmarks/results/optimize_finetune_full_h200.json
 """
