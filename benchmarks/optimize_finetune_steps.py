@@ -22,13 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from openrebench.core import cache_dir, detect_hardware
 from openrebench.environments import get_environment
 from openrebench.environments.optimize_finetune._assets import build
-
-IGNORE = -100
 
 
 def reference_module() -> Any:
@@ -51,41 +48,19 @@ def step(model: Any, ref: Any, samples: list, batch: list[int], micro: int, pass
     its labelled tokens, weighted by its share of the records) summed, computed `pass_size` records at
     a time through per-token weights (`"packed"`: the reference's own packing by padded tokens)."""
     if pass_size == "packed":
-        cuda = device.type == "cuda"
-        memory_gb = torch.cuda.get_device_properties(device).total_memory / 2**30 if cuda else 0
-        budget = ref.PASS_TOKENS * max(1, int(memory_gb // 64))
-        for members, weights in ref.weighted_passes(batch, samples, micro, budget):
-            part = ref.collate([samples[i] for i in members], pad_id, ref.WIDTH_MULTIPLE, limit)
-            part = {k: v.to(device, non_blocking=True) for k, v in part.items()}
-            with amp:
-                loss = ref.weighted_loss(model, part, weights)
-            loss.backward()
-        return
-    micro_of = {}
-    for g, members in enumerate(groups(batch, samples, micro, False)):
-        for i in members:
-            micro_of[i] = (g, len(members))
-    counts: dict[int, int] = {}
-    for i in batch:
-        ids, prompt = samples[i]
-        counts[micro_of[i][0]] = counts.get(micro_of[i][0], 0) + len(ids) - prompt
-    for members in groups(batch, samples, int(pass_size), by_length):
-        part = {k: v.to(device, non_blocking=True)
-                for k, v in ref.collate([samples[i] for i in members], pad_id).items()}
-        weights = torch.zeros(part["labels"].shape, dtype=torch.float32)
-        for row, i in enumerate(members):
-            ids, prompt = samples[i]
-            g, size = micro_of[i]
-            weights[row, prompt:len(ids)] = size / len(batch) / counts[g]
-        weights = weights.to(device)
+        passes = ref.weighted_passes(batch, samples, micro, ref.pass_budget(device))
+        multiple, width_limit = ref.WIDTH_MULTIPLE, limit
+    else:
+        weight = ref.record_weights(batch, samples, micro)
+        passes = [(members, [weight[i] for i in members])
+                  for members in groups(batch, samples, int(pass_size), by_length)]
+        multiple, width_limit = 1, None
+    for members, weights in passes:
+        part = ref.collate([samples[i] for i in members], pad_id, multiple, width_limit)
+        part = {k: v.to(device, non_blocking=True) for k, v in part.items()}
         with amp:
-            hidden = model.base_model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
-                                      use_cache=False)[0]
-            targets = part["labels"][:, 1:]
-            keep = targets != IGNORE
-            logits = model.get_output_embeddings()(hidden[:, :-1][keep])
-            losses = F.cross_entropy(logits.float(), targets[keep], reduction="none")
-        (losses * weights[:, 1:][keep]).sum().backward()
+            loss = ref.weighted_loss(model, part, weights)
+        loss.backward()
 
 
 def main() -> None:

@@ -121,17 +121,29 @@ def lr_factor(cfg: dict[str, Any], total_steps: int, steps_per_epoch: int):  # t
     return factor
 
 
-def weighted_passes(batch: list[int], samples: list[tuple[list[int], int]], micro: int,
-                    budget: int = PASS_TOKENS) -> list[tuple[list[int], list[float]]]:
+def record_weights(batch: list[int], samples: list[tuple[list[int], int]], micro: int) -> dict[int, float]:
     """train.py's step loss is sum over micro-batches m of (records in m / records in the batch) times
-    the mean loss over m's labelled tokens. Give each record's tokens that weight, then sort the records
-    by length and pack them into passes of at most `budget` padded tokens: (records, weights) per pass."""
+    the mean loss over m's labelled tokens: the weight of each labelled token, per record."""
     weight = {}
     for lo in range(0, len(batch), micro):
         members = batch[lo:lo + micro]
         labelled = sum(len(samples[i][0]) - samples[i][1] for i in members)
         for i in members:
             weight[i] = len(members) / len(batch) / labelled
+    return weight
+
+
+def pass_budget(device: torch.device) -> int:
+    """Padded tokens per pass: PASS_TOKENS per 64 GB of GPU memory (at least PASS_TOKENS)."""
+    memory_gb = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 0
+    return PASS_TOKENS * max(1, int(memory_gb // 64))
+
+
+def weighted_passes(batch: list[int], samples: list[tuple[list[int], int]], micro: int,
+                    budget: int = PASS_TOKENS) -> list[tuple[list[int], list[float]]]:
+    """The records sorted by length and packed into passes of at most `budget` padded tokens, each with
+    its tokens' weight (`record_weights`): (records, weights) per pass."""
+    weight = record_weights(batch, samples, micro)
     passes: list[tuple[list[int], list[float]]] = []
     current: list[int] = []
     for i in sorted(batch, key=lambda i: len(samples[i][0])):
@@ -223,8 +235,7 @@ def main() -> None:
         raise ValueError(f"unsupported precision {precision!r} (fp32 or amp_bf16)")
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "amp_bf16")
     pad_id = tokenizer.eos_token_id
-    memory_gb = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 0
-    pass_tokens = PASS_TOKENS * max(1, int(memory_gb // 64))
+    pass_tokens = pass_budget(device)
     max_seq_len = int(cfg["max_seq_len"])
 
     step, epoch = 0, 0
