@@ -1,9 +1,13 @@
-"""Memory, process-count and CPU limits for a whole sandbox, through cgroups (v1 or v2).
+"""Memory, process-count and CPU limits, freezing and process accounting, through cgroups (v1 or v2).
 
 Per-process rlimits cannot stop a tree of processes that each stay under the limit, and RLIMIT_NPROC
 counts every process of the sandbox uid, across sandboxes. A cgroup limits exactly one sandbox.
 Processes join by running `enter_prefix()` (a shell that writes its own pid into the group, then
-execs the real command), so nothing it forks can escape the group.
+execs the real command) or by `add(pid)` from outside, so nothing it forks can escape the group: an
+unprivileged process cannot move itself out, whatever it does to its process tree (double forks, new
+sessions, re-parenting, a leader that exits while its threads work on). The kernel's own list of the
+group's threads (v1 `tasks`, v2 `cgroup.threads`) is therefore the truth about what still runs, and a
+frozen group cannot fork while it is being killed.
 """
 
 from __future__ import annotations
@@ -32,12 +36,22 @@ def _own_paths() -> dict[str, str]:
     return paths
 
 
-class Cgroup:
-    """A fresh cgroup with a memory and a pids limit; `close()` kills what is left and removes it."""
+def _ids(path: Path) -> set[int]:
+    with contextlib.suppress(OSError, ValueError):
+        return {int(p) for p in path.read_text().split()}
+    return set()
 
-    def __init__(self, dirs: list[Path], files: dict[Path, str]) -> None:
+
+class Cgroup:
+    """A cgroup (one directory per v1 hierarchy, or one v2 directory). `close()` kills what is left in it
+    and removes the directories this object made."""
+
+    def __init__(self, dirs: list[Path], files: dict[Path, str] | None = None, *, owned: bool = True) -> None:
         self.dirs = dirs
+        self.owned = owned
+        files = files or {}
         self.cpu_limited = any(p.name in ("cpu.cfs_quota_us", "cpu.max") for p in files)
+        self.version = "v2" if any((d / "cgroup.events").exists() for d in dirs) else "v1"
         for path, value in files.items():
             path.write_text(value)
 
@@ -56,6 +70,11 @@ class Cgroup:
                 for d in (mem, pids):
                     d.mkdir()
                     made.append(d)
+                freezer = CGROUP_ROOT / "freezer" / own.get("freezer", "/").lstrip("/") / leaf
+                if (CGROUP_ROOT / "freezer").is_dir():
+                    with contextlib.suppress(OSError):  # freezing is optional: killing falls back to a loop
+                        freezer.mkdir()
+                        made.append(freezer)
                 cpu_dir = CGROUP_ROOT / "cpu" / own.get("cpu", own.get("cpu,cpuacct", "/")).lstrip("/") / leaf
                 if cpus and (CGROUP_ROOT / "cpu").is_dir():
                     cpu_dir.mkdir()
@@ -83,22 +102,132 @@ class Cgroup:
                     files[group / "cpu.max"] = f"{int(cpus * 100000)} 100000"
                 return cls(made, files)
         except OSError:
-            for d in made:
+            for d in reversed(made):
                 with contextlib.suppress(OSError):
                     d.rmdir()
         return None
 
+    @classmethod
+    def attach(cls, dirs: list[Path]) -> Cgroup | None:
+        """An existing cgroup made by someone else (e.g. bound into a sandbox by the harness), or None
+        where its directories are missing or not cgroups. `close()` kills its tasks but keeps it."""
+        if not dirs or not all((d / "cgroup.procs").is_file() for d in dirs):
+            return None
+        return cls(list(dirs), owned=False)
+
+    def child(self, name: str) -> Cgroup:
+        """A sub-group in every hierarchy of this one. It has no limits of its own: the parent's hold for
+        it too (v1 hierarchies with use_hierarchy, v2 always). Raises OSError where none can be made."""
+        made: list[Path] = []
+        try:
+            for d in self.dirs:
+                (d / name).mkdir()
+                made.append(d / name)
+        except OSError:
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+        return Cgroup(made)
+
     def enter_prefix(self) -> list[str]:
-        """A command prefix that moves the command into this cgroup before it starts."""
-        writes = "; ".join(f"echo $$ > {d / 'cgroup.procs'}" for d in self.dirs)
+        """A command prefix that moves the command into this cgroup before it starts (or fails it)."""
+        writes = " && ".join(f"echo $$ > {d / 'cgroup.procs'}" for d in self.dirs)
         return ["/bin/sh", "-c", f'{writes} && exec "$@"', "openrebench-cgroup"]
 
-    def pids(self) -> set[int]:
-        found: set[int] = set()
+    def add(self, pid: int) -> None:
+        """Move process `pid` (all its threads) into this cgroup; raises OSError where that fails."""
         for d in self.dirs:
-            with contextlib.suppress(OSError):
-                found |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def _all_dirs(self) -> list[Path]:
+        """This group's directories and every sub-group below them."""
+        found: list[Path] = []
+        for d in self.dirs:
+            for root, _, _ in os.walk(d):
+                found.append(Path(root))
         return found
+
+    def pids(self) -> set[int]:
+        """Processes (thread-group ids) in the group and its sub-groups, as seen from this PID namespace."""
+        found: set[int] = set()
+        for d in self._all_dirs():
+            found |= _ids(d / "cgroup.procs")
+        return found
+
+    def tasks(self) -> set[int]:
+        """Every thread in the group and its sub-groups: a process whose leader exited while its other
+        threads run on is still here (v1 `tasks`, v2 `cgroup.threads`)."""
+        found: set[int] = set()
+        for d in self._all_dirs():
+            found |= _ids(d / ("cgroup.threads" if self.version == "v2" else "tasks"))
+        return found
+
+    def _freezer_dir(self) -> Path | None:
+        for d in self.dirs:
+            if (d / ("cgroup.freeze" if self.version == "v2" else "freezer.state")).is_file():
+                return d
+        return None
+
+    @property
+    def can_freeze(self) -> bool:
+        return self._freezer_dir() is not None
+
+    def _set_frozen(self, frozen: bool, timeout_s: float) -> bool:
+        d = self._freezer_dir()
+        if d is None:
+            return False
+        if self.version == "v2":
+            (d / "cgroup.freeze").write_text("1" if frozen else "0")
+            want = "frozen 1" if frozen else "frozen 0"
+            done = lambda: want in (d / "cgroup.events").read_text().splitlines()  # noqa: E731
+        else:
+            state = "FROZEN" if frozen else "THAWED"
+            (d / "freezer.state").write_text(state)
+            done = lambda: (d / "freezer.state").read_text().strip() == state  # noqa: E731
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def freeze(self, timeout_s: float = 10.0) -> bool:
+        """Stop every task of the group where it stands (no CPU, no forks) until `thaw()`. False where
+        the group has no freezer or not every task stopped within `timeout_s` (e.g. stuck in I/O)."""
+        return self._set_frozen(True, timeout_s)
+
+    def thaw(self, timeout_s: float = 10.0) -> bool:
+        return self._set_frozen(False, timeout_s)
+
+    def wait_empty(self, timeout_s: float, poll_s: float = 0.01) -> bool:
+        """Wait until no thread is left in the group; False if some still are after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.tasks():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def kill_all(self, timeout_s: float = 10.0) -> bool:
+        """SIGKILL everything in the group: frozen first (nothing forks while the list is read), killed,
+        thawed (the kills land). True once the group is empty."""
+        for _ in range(20):
+            left = self.tasks() | self.pids()
+            if not left:
+                return True
+            frozen = False
+            with contextlib.suppress(OSError):
+                frozen = self.freeze(timeout_s=1.0)
+            for pid in self.tasks() | self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if frozen:
+                with contextlib.suppress(OSError):
+                    self.thaw(timeout_s=1.0)
+            if self.wait_empty(timeout_s / 20):
+                return True
+        return not self.tasks()
 
     def memory_peak_bytes(self) -> int | None:
         for d in self.dirs:
@@ -107,19 +236,14 @@ class Cgroup:
                     return int((d / name).read_text())
         return None
 
-    def kill_all(self) -> None:
-        for _ in range(50):
-            left = self.pids()
-            if not left:
-                return
-            for pid in left:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
-
     def close(self) -> None:
         self.kill_all()
-        for d in self.dirs:
+        if self.can_freeze:
+            with contextlib.suppress(OSError):
+                self.thaw(timeout_s=1.0)  # a frozen group would hold its killed tasks alive
+        if not self.owned:
+            return
+        for d in sorted(self._all_dirs(), key=lambda p: len(p.parts), reverse=True):
             for _ in range(50):
                 try:
                     d.rmdir()

@@ -95,11 +95,17 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
 SCORE_DIR = "/score"
 
 
-def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str],
-                       cgroup: Cgroup | None) -> tuple[list[str], dict[str, str]]:
+RUN_CGROUP_ENV = "OPENREBENCH_RUN_CGROUP"
+
+
+def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], cgroup: Cgroup | None,
+                       run_group: Cgroup | None = None) -> tuple[list[str], dict[str, str]]:
     """The scorer inside a fresh bubblewrap sandbox: the snapshot and `protected/` (read-only) are
     all it sees of the run. As root, the scorer keeps root (it must read `protected/`, which is
-    root-only) and starts the solution's code as an unprivileged uid that can read neither."""
+    root-only) and starts the solution's code as an unprivileged uid that can read neither.
+    `run_group`, a sub-group of the scoring's cgroup, is bound in (its files writable by root only) and
+    named in $OPENREBENCH_RUN_CGROUP: the scorer puts the solution's timed work there, and counts it
+    until the kernel says the group is empty."""
     privileged = os.geteuid() == 0
     if privileged:
         for root, dirs, files in os.walk(solution):
@@ -110,9 +116,13 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str],
            "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": "/tmp/triton"}
     if privileged:
         env["OPENREBENCH_SOLUTION_DROP"] = "1"
+    group_binds = [Bind(d, f"{SCORE_DIR}/cgroup/{i}", writable=True)
+                   for i, d in enumerate(run_group.dirs if run_group else [])]
+    if group_binds:
+        env[RUN_CGROUP_ENV] = ":".join(b.dest for b in group_binds)
     spec = SandboxSpec(
         binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
-               Bind(protected, f"{SCORE_DIR}/protected")],
+               Bind(protected, f"{SCORE_DIR}/protected"), *group_binds],
         cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False,
         limits=Limits(max_processes=None if cgroup else 4096))
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
@@ -132,7 +142,11 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
     cgroup = None
     if sandboxed:
         cgroup = Cgroup.create("score", memory_bytes=int(limit * 1.25) + (1 << 30), max_pids=4096)
-        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup)
+        run_group = None
+        if cgroup is not None:
+            with contextlib.suppress(OSError):
+                run_group = cgroup.child("run")
+        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group)
     else:
         cmd = [*pid_namespace_prefix(), sys.executable, "-P", "-m", "openrebench.core._scorer_main"]
         paths = {"solution": str(solution), "protected": str(protected)}

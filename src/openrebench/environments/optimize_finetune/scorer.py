@@ -25,13 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import yaml
 
-from openrebench.core import SANDBOX_UID, ScoreResult, TierSpec
+from openrebench.core import SANDBOX_UID, Cgroup, ScoreResult, TierSpec
+from openrebench.core._scoring import RUN_CGROUP_ENV
 
 from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
 from .env import CONFIG, DATA, OUTPUT_DIR, Setup
@@ -61,10 +63,16 @@ class Outcome:
     tail: str
 
 
+CACHE_VARS = ("TMPDIR", "TEMP", "TMP", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME",
+              "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "PYTHONPYCACHEPREFIX")
+
+
 def _child_env(home: str, threads: int | None) -> dict[str, str]:
-    """The scorer's environment, with a fresh home (no caches carried between scorings), offline; with
-    `threads`, a default for the math libraries' thread pools. `python` and `python3` are the scorer's
-    own interpreter (small wrappers, so that a virtual environment stays one), then its bin folder."""
+    """The scorer's environment, with a fresh home holding every temporary file and cache (nothing
+    carries over between scorings, and nothing the solution wrote elsewhere, /tmp/triton say, reaches
+    the reference run), offline; with `threads`, a default for the math libraries' thread pools.
+    `python` and `python3` are the scorer's own interpreter (small wrappers, so that a virtual
+    environment stays one), then its bin folder."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREBENCH_")}
     wrappers = Path(home) / "bin"
     wrappers.mkdir()
@@ -72,9 +80,15 @@ def _child_env(home: str, threads: int | None) -> dict[str, str]:
         (wrappers / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
         (wrappers / name).chmod(0o755)
     path = f"{wrappers}:{os.path.dirname(sys.executable)}:{env.get('PATH', '/usr/bin:/bin')}"
-    env.update(PATH=path, HOME=home, HF_HOME=f"{home}/hf",
-               PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1")
+    caches = {"TRITON_CACHE_DIR": "cache/triton", "TORCHINDUCTOR_CACHE_DIR": "cache/torchinductor",
+              "HF_HOME": "cache/huggingface", "XDG_CACHE_HOME": "cache", "CUDA_CACHE_PATH": "cache/nv"}
+    for folder in ("tmp", *caches.values()):
+        Path(home, folder).mkdir(parents=True, exist_ok=True)
+    for name in CACHE_VARS:
+        env.pop(name, None)
+    env.update({name: f"{home}/{folder}" for name, folder in caches.items()})
+    env.update(PATH=path, HOME=home, TMPDIR=f"{home}/tmp", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
@@ -82,7 +96,7 @@ def _child_env(home: str, threads: int | None) -> dict[str, str]:
 
 def _become_subreaper() -> bool:
     """Orphaned descendants (double-forked, setsid daemons) become this process's children, not init's,
-    so that everything the run started can be found and killed (Linux; elsewhere the session is used)."""
+    so that they are reaped here (and, without a cgroup, found and killed; elsewhere the session is used)."""
     import ctypes
 
     try:
@@ -91,9 +105,18 @@ def _become_subreaper() -> bool:
         return False
 
 
+def _alive(p: psutil.Process) -> bool:
+    """Running, or a zombie leader whose other threads still work."""
+    if p.status() != psutil.STATUS_ZOMBIE:
+        return True
+    with contextlib.suppress(OSError):
+        return len(os.listdir(f"/proc/{p.pid}/task")) > 1
+    return False
+
+
 def _processes(session: int | None) -> list[psutil.Process]:
-    """Live processes the run started: this process's descendants (and, without a subreaper, anything
-    left in the run's session)."""
+    """Live processes the run started (fallback without a cgroup): this process's descendants (and,
+    without a subreaper, anything left in the run's session)."""
     found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.Error):
         found.update((p.pid, p) for p in psutil.Process().children(recursive=True))
@@ -104,7 +127,7 @@ def _processes(session: int | None) -> list[psutil.Process]:
     live = []
     for p in found.values():
         with contextlib.suppress(psutil.Error):
-            if p.status() != psutil.STATUS_ZOMBIE:
+            if _alive(p):
                 live.append(p)
     return live
 
@@ -114,15 +137,40 @@ def _kill(processes: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.Error, OSError):
             p.send_signal(signal.SIGKILL)
     psutil.wait_procs(processes, timeout=5)
-    with contextlib.suppress(ChildProcessError):  # reap orphans that were handed to this process
+    _reap()
+
+
+def _reap() -> None:
+    """Reap orphans that were handed to this process (the subreaper)."""
+    with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
 
 
-def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | None = None) -> Outcome:
-    """Run `bash finetune.sh` in `folder`; with `drop`, as the unprivileged sandbox user."""
+def pipeline_cgroup() -> tuple[Cgroup | None, str]:
+    """The cgroup that timed runs go into, and how it was had: the one the harness made for this
+    scoring and bound into the sandbox (its paths in $OPENREBENCH_RUN_CGROUP), else one made here
+    (root outside a sandbox), else None: then processes are found by walking the process tree."""
+    given = [Path(p) for p in os.environ.get(RUN_CGROUP_ENV, "").split(":") if p]
+    if given:
+        group = Cgroup.attach(given)
+        if group is not None:
+            return group, f"cgroup {group.version} (made by the harness)"
+    group = Cgroup.create("finetune", memory_bytes=None, max_pids=None)
+    if group is not None:
+        return group, f"cgroup {group.version} (made by the scorer)"
+    return None, "process tree and session (no cgroup could be made)"
+
+
+def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | None = None,
+                 cgroup: Cgroup | None = None) -> Outcome:
+    """Run `bash finetune.sh` in `folder`; with `drop`, as the unprivileged sandbox user. With `cgroup`
+    (empty), the run is in it: its time ends when no thread is left in the group, whatever became of
+    the processes (daemons, zombie leaders with working threads); without, the process tree is walked."""
     from openrebench.core._bwrap import drop_privileges_prefix
 
+    if cgroup is not None and not cgroup.wait_empty(5):
+        raise RuntimeError("the cgroup for the run is not empty")
     prefix = drop_privileges_prefix() if drop else []
     reaper = _become_subreaper()
     with tempfile.TemporaryDirectory(prefix="finetune-log-") as logs, \
@@ -131,29 +179,77 @@ def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | N
         if drop:
             _give(Path(home), SANDBOX_UID)
         log_path = Path(logs) / "output.log"
+        # A gate: the shell waits on its stdin until it is in the cgroup, then runs finetune.sh.
+        gate = ["/bin/sh", "-c", 'read -r _ && exec "$@" </dev/null', "openrebench-gate"] if cgroup else []
         with open(log_path, "wb") as log:
             started_at, t0 = time.time(), time.monotonic()
-            proc = subprocess.Popen([*prefix, "bash", "finetune.sh"], cwd=folder, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
-            code: int | None
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-            deadline = time.monotonic() + GRACE_S
-            session = None if reaper else proc.pid
-            while code is not None and _processes(session) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            seconds = time.monotonic() - t0
-            stragglers = _processes(session)
-            _kill(stragglers)
-            if code is None:
-                proc.wait()
+            proc = subprocess.Popen([*gate, *prefix, "bash", "finetune.sh"], cwd=folder,
+                                    stdin=subprocess.PIPE if cgroup else subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            if cgroup is not None:
+                assert proc.stdin is not None
+                try:
+                    cgroup.add(proc.pid)
+                except OSError:
+                    proc.kill()
+                    proc.wait()
+                    raise
+                with contextlib.suppress(OSError):
+                    proc.stdin.write(b"go\n")
+                    proc.stdin.close()
+                seconds, code, stragglers = _wait_cgroup(proc, cgroup, t0, timeout_s)
+            else:
+                seconds, code, stragglers = _wait_tree(proc, None if reaper else proc.pid, t0, timeout_s)
         text = log_path.read_bytes()[-20000:].decode(errors="replace")
     tail = "\n".join(text.strip().splitlines()[-15:])[-2000:]
     return Outcome(seconds=seconds, started_at=started_at, exit_code=code,
-                   stragglers=len(stragglers) if code is not None else 0, tail=tail)
+                   stragglers=stragglers if code is not None else 0, tail=tail)
+
+
+def _wait_cgroup(proc: subprocess.Popen[bytes], cgroup: Cgroup, t0: float,
+                 timeout_s: float) -> tuple[float, int | None, int]:
+    """Seconds until the group is empty, finetune.sh's exit code (None: out of time) and how many
+    processes were still in the group GRACE_S after it exited (frozen and killed)."""
+    deadline, grace_end = t0 + timeout_s, None
+    while True:
+        code = proc.poll()
+        now = time.monotonic()
+        if code is not None:
+            if not cgroup.tasks():
+                seconds = time.monotonic() - t0
+                _reap()
+                return seconds, code, 0
+            grace_end = grace_end or now + GRACE_S
+        if now > (grace_end or deadline):
+            seconds = now - t0
+            left = len(cgroup.pids()) or 1
+            if not cgroup.kill_all():
+                raise RuntimeError("the processes of the run could not be killed")
+            proc.wait()
+            _reap()
+            return seconds, code, left
+        _reap()
+        time.sleep(0.01)
+
+
+def _wait_tree(proc: subprocess.Popen[bytes], session: int | None, t0: float,
+               timeout_s: float) -> tuple[float, int | None, int]:
+    """The fallback without a cgroup: finetune.sh's exit, then its descendants (or its session)."""
+    code: int | None
+    try:
+        code = proc.wait(timeout=max(0.0, t0 + timeout_s - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        code = None
+    deadline = time.monotonic() + GRACE_S
+    while code is not None and _processes(session) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    seconds = time.monotonic() - t0
+    stragglers = _processes(session)
+    _kill(stragglers)
+    if code is None:
+        proc.kill()
+        proc.wait()
+    return seconds, code, len(stragglers)
 
 
 def _failure(outcome: Outcome, timeout_s: float) -> str | None:
@@ -211,7 +307,49 @@ def _written_before(folder: Path, started_at: float) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def reference_run(protected: Path, seed: int, records: list[str], timeout_s: float, *, threads: int | None,
+                  cgroup: Cgroup | None) -> Iterator[tuple[Outcome, Path]]:
+    """The trusted pipeline on this scoring's inputs, as root, in a fresh folder only root can enter:
+    its scripts, config, model and tokenizer come from protected/ (read-only to everyone, unreadable to
+    the solution), its records from the scorer's memory, its temporary files and caches from its own
+    fresh home (see _child_env). Yields the outcome and the folder of its weights."""
+    with tempfile.TemporaryDirectory(prefix="finetune-reference-") as tmp:
+        work = Path(tmp)
+        for f in (protected / "reference").iterdir():
+            shutil.copyfile(f, work / f.name)
+        official = set_seed((protected / CONFIG).read_text(), seed)
+        assert official is not None
+        prepare_inputs(work, protected, seed, records, official, None, link=True)
+        yield run_pipeline(work, timeout_s, drop=False, threads=threads, cgroup=cgroup), work / OUTPUT_DIR
+
+
+def _clear_left_files(uid: int) -> None:
+    """Remove what `uid` left in the scoring sandbox's own /tmp and /dev/shm (its processes are dead)."""
+    for top in ("/tmp", "/dev/shm"):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(top):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
+
+
 def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
+    cgroup, accounting = pipeline_cgroup()
+    try:
+        result = _score(spec, solution, protected, cgroup)
+    finally:
+        if cgroup is not None:
+            cgroup.close()
+    result.details["accounting"] = accounting
+    return result
+
+
+def _score(spec: TierSpec, solution: Path, protected: Path, cgroup: Cgroup | None) -> ScoreResult:
     p = spec.params
     setup = Setup.model_validate_json((protected / "setup.json").read_text())
     drop = bool(os.environ.get("OPENREBENCH_SOLUTION_DROP")) and os.geteuid() == 0
@@ -257,15 +395,15 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
     except WeightsError as e:
         return ScoreResult.invalid(_with_tail(f"Invalid: {e}", run), **details)
 
-    with tempfile.TemporaryDirectory(prefix="finetune-reference-") as tmp:
-        work = Path(tmp)
-        for f in (protected / "reference").iterdir():
-            shutil.copyfile(f, work / f.name)
-        official = set_seed((protected / CONFIG).read_text(), seed)
-        assert official is not None
-        prepare_inputs(work, protected, seed, records, official, None, link=True)
-        ref_timeout = float(p["reference_timeout_s"])
-        ref_run = run_pipeline(work, ref_timeout, drop=False, threads=p.get("threads"))
+    # Nothing of the solution's may run, or be read, during the yardstick run: its group is empty (it
+    # ended empty, or was frozen and killed), and what it left in /tmp and /dev/shm goes.
+    if cgroup is not None and not cgroup.wait_empty(5):
+        return ScoreResult.invalid("Invalid: the scorer could not stop the solution's processes.", **details)
+    if drop:
+        _clear_left_files(SANDBOX_UID)
+    ref_timeout = float(p["reference_timeout_s"])
+    with reference_run(protected, seed, records, ref_timeout, threads=p.get("threads"),
+                       cgroup=cgroup) as (ref_run, ref_weights):
         details.update(reference_seconds=ref_run.seconds)
         failure = _failure(ref_run, ref_timeout)
         if failure:
@@ -273,7 +411,7 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
                                        "not the solution's fault, please report it.",
                                        **details, reference_tail=ref_run.tail)
         try:
-            d = distances(agent, Weights(work / OUTPUT_DIR), initial)
+            d = distances(agent, Weights(ref_weights), initial)
         except WeightsError as e:
             return ScoreResult.invalid(f"Invalid: {OUTPUT_DIR}/: {e}.", **details)
     details.update(distances=d.model_dump(), relative_l1=d.relative)
