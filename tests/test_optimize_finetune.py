@@ -5,6 +5,7 @@ relies on (the seed line, the instructions)."""
 from __future__ import annotations
 
 import math
+import os
 import random
 import shutil
 from pathlib import Path
@@ -159,3 +160,66 @@ def test_a_config_without_its_seed_line_is_invalid(run: Run) -> None:
     config.write_text(config.read_text().replace("seed: 17\n", ""))
     row = score_run(run)
     assert row.raw is None and "must keep exactly one top-level `seed:` line" in row.message
+
+
+LEFT_WORK = """#!/usr/bin/env bash
+set -e
+mkdir -p /tmp/triton/abc /tmp/torchinductor_root /dev/shm/left
+echo POISON > /tmp/triton/abc/kernel.so
+echo POISON > /tmp/torchinductor_root/x
+( setsid sh -c 'sleep 1.5; python train_late.py' > /dev/null 2>&1 & )
+exit 0
+"""
+
+TRAIN_LATE = """import shutil
+import numpy as np
+from safetensors.numpy import load_file, save_file
+shutil.copytree("initial_model", "trained_model", copy_function=shutil.copyfile)
+weights = load_file("trained_model/model.safetensors")
+weights["transformer.h.0.mlp.c_fc.weight"] += np.float32(1e-3)
+save_file(weights, "trained_model/model.safetensors", metadata={"format": "pt"})
+"""
+
+SPY_REFERENCE = """#!/usr/bin/env bash
+python - <<'PY'
+import os
+uids = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        uids.append(os.stat(f"/proc/{pid}").st_uid)
+    except OSError:
+        pass
+print("solution processes:", uids.count(65534))
+left = ("/tmp/triton", "/tmp/torchinductor_root", "/dev/shm/left")
+print("left files:", [p for p in left if os.path.exists(p)])
+for v in ("TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", "XDG_CACHE_HOME"):
+    print(v, os.environ[v].startswith(os.environ["HOME"] + "/"), os.listdir(os.environ[v]))
+print("uid", os.getuid())
+PY
+exit 1
+"""
+
+
+@pytest.mark.slow
+def test_work_left_running_is_counted_and_cannot_reach_the_reference_run(run: Run) -> None:
+    """In the scoring sandbox: work a daemon finishes after finetune.sh exits is timed (the harness's
+    cgroup), and the reference run (a spy here) starts with nothing of the solution's alive and none of
+    its files in /tmp and /dev/shm, its caches in a fresh home."""
+    from openrebench.core import bwrap_binary
+
+    if bwrap_binary() is None:
+        pytest.skip("bubblewrap is not available")
+    (run.workspace / "finetune.sh").write_text(LEFT_WORK)
+    (run.workspace / "train_late.py").write_text(TRAIN_LATE)
+    (run.protected / "reference" / "finetune.sh").write_text(SPY_REFERENCE)
+    row = score_run(run, sandboxed=True)
+    assert row.raw is None and "the scorer's own reference run failed" in row.message, row.message
+    d = row.details
+    if os.geteuid() == 0:  # the harness could make the scoring's cgroup and bind its sub-group in
+        assert d["accounting"].startswith("cgroup") and "harness" in d["accounting"], d["accounting"]
+    assert d["seconds"] >= 1.5 and d["exit_code"] == 0
+    tail = d["reference_tail"]
+    assert "solution processes: 0" in tail and "left files: []" in tail, tail
+    for v in ("TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME"):
+        assert f"{v} True []" in tail, tail
+    assert "XDG_CACHE_HOME True" in tail and "uid 0" in tail
