@@ -217,3 +217,42 @@ def test_cpu_time_of_an_attempt_is_limited(tmp_path: Path) -> None:
     finally:
         loop.run_until_complete(sandbox.close())
         loop.close()
+
+
+def test_agent_processes_are_frozen_while_a_timing_sensitive_scoring_runs(
+        box: OpenRebenchSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A counter the agent leaves running makes no progress while optimize_kernel is scored, and goes on
+    after (the scoring itself is replaced by one that watches the counter)."""
+    import time
+
+    from openrebench.harness import _sandbox
+
+    if box.cgroup is None or not box.cgroup.can_freeze:
+        pytest.skip("no freezer in the cgroup this harness may make")
+    counter = box.harness_dir / "state" / "tmp" / "count"
+    seen: list[tuple[str, str]] = []
+
+    def watching_score_run(run: Run, **kwargs: object) -> str:
+        first = counter.read_text()
+        time.sleep(1.0)
+        seen.append((first, counter.read_text()))
+        return "row"
+
+    monkeypatch.setattr(_sandbox, "score_run", watching_score_run)
+    count = ("for i in $(seq 200); do echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.02; "
+             "done")
+
+    async def scenario() -> tuple[object, int, int]:
+        job = asyncio.create_task(box.exec(["bash", "-c", count], timeout=60))
+        while not counter.exists():
+            await asyncio.sleep(0.05)
+        row = await box.score()
+        thawed = int(counter.read_text())
+        await asyncio.sleep(0.5)
+        later = int(counter.read_text())
+        assert (await job).success
+        return row, thawed, later
+
+    row, thawed, later = box.loop.run_until_complete(scenario())  # type: ignore[attr-defined]
+    assert row == "row" and seen[0][0] == seen[0][1]  # frozen for the whole scoring
+    assert later > thawed  # and running again after it

@@ -76,6 +76,9 @@ class Environment(ABC):
     version: ClassVar[str]
     direction: ClassVar[Direction]
     score_visible: ClassVar[bool] = True
+    # True where the score is a time: the harness freezes the agent's own processes while it scores, so
+    # that they neither slow the solution nor the scorer's yardstick runs.
+    timing_sensitive: ClassVar[bool] = False
     tiers: ClassVar[dict[str, TierSpec]]
 
     @property

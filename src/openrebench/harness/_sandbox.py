@@ -143,6 +143,14 @@ def _working_clock() -> Any:
         return None
 
 
+def _freeze(group: Cgroup, frozen: bool) -> bool:
+    """Freeze or thaw the agent's processes; False (never an exception) where that did not work."""
+    try:
+        return group.freeze() if frozen else group.thaw()
+    except OSError:
+        return False
+
+
 @sandboxenv(name="openrebench")
 class OpenRebenchSandbox(SandboxEnvironment):
     def __init__(self, run: Run, config: SandboxConfig, harness_dir: Path, isolation: str,
@@ -249,12 +257,22 @@ class OpenRebenchSandbox(SandboxEnvironment):
         return None
 
     async def score(self) -> ScoreRow:
-        """Score the workspace now (one scoring at a time per run), in a fresh sandbox."""
+        """Score the workspace now (one scoring at a time per run), in a fresh sandbox. Where the score
+        is a time, the agent's own processes are frozen meanwhile (and thawed after, whatever happens):
+        a busy loop left in the agent's sandbox must not slow the scorer's reference runs (which would
+        flatter the solution) nor the solution."""
         elapsed = self.working_time_s()
+        group = self.cgroup if get_environment(self.run.info.env_id).timing_sensitive else None
         async with self._score_lock:
             devices = self.lease.device_nodes() if self.lease else None
-            return await anyio.to_thread.run_sync(lambda: score_run(
-                self.run, elapsed_s=elapsed, sandboxed=self.isolation == "bwrap", devices=devices))
+            try:
+                if group is not None and not await anyio.to_thread.run_sync(_freeze, group, True):
+                    logger.warning("the agent's processes of %s could not all be frozen", self.run.path)
+                return await anyio.to_thread.run_sync(lambda: score_run(
+                    self.run, elapsed_s=elapsed, sandboxed=self.isolation == "bwrap", devices=devices))
+            finally:
+                if group is not None and not await anyio.to_thread.run_sync(_freeze, group, False):
+                    logger.warning("the agent's processes of %s could not be thawed", self.run.path)
 
     def describe(self, row: ScoreRow) -> str:
         return self.run.describe(row, self.config.time_limit_s)

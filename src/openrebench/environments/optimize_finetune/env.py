@@ -76,6 +76,7 @@ class OptimizeFinetune(Environment):
     version = "1.0.0"
     direction = Direction.MIN
     score_visible = True
+    timing_sensitive = True
     tiers: ClassVar[dict[str, TierSpec]] = {
         "mini": TierSpec(
             name="mini", description="CPU: a 2-layer, 128-wide GPT-2 (GPT-2's tokenizer, 64-token "

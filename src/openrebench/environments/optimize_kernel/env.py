@@ -16,6 +16,7 @@ class OptimizeKernel(Environment):
     version = "1.0.0"
     direction = Direction.MIN
     score_visible = True
+    timing_sensitive = True
     tiers: ClassVar[dict[str, TierSpec]] = {
         "mini": TierSpec(
             name="mini", description="CPU, 2**22 elements: the starting solution takes tens of milliseconds.",
