@@ -7,7 +7,12 @@ trained_model/, so weights from an earlier run, copied, or made any way but by t
 inputs do not match. finetune.sh runs as a child of this process (in the scoring sandbox as an
 unprivileged user, who cannot read protected/); its wall-clock time is measured here, from its start
 until it and every process it started have exited, so nothing it does to its own clocks changes the
-time. Processes still running well after finetune.sh exits are killed and make the scoring invalid.
+time. "Every process" is the kernel's word: the run goes into a cgroup (the harness's sub-group of the
+scoring's cgroup, bound into the sandbox; outside one, a group made here; the process tree and session
+only where no cgroup can be made, said in the details' `accounting`), and the clock stops when no thread
+is left in it. Work still running GRACE_S after finetune.sh exits is frozen, killed and makes the
+scoring invalid. The reference run starts only once that group is empty, with nothing the solution
+wrote on its way (a fresh root-only home for its temporary files and caches, inputs from protected/).
 No code of the agent's runs in this process: the weights are read as safetensors.
 """
 
