@@ -99,11 +99,11 @@ class _Session:
             reply = self.host.request({"op": "call", "n": m}, self.timeout, what)
             correct = torch.equal(shared_out, want)  # queued behind anything the host left running
             ms = (time.perf_counter() - t0) * 1e3
+            if not torch.equal(shared_in, x):
+                raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
             if not correct:
                 raise SolutionError(f"wrong output for the {label} input: "
                                     f"{_first_mismatch(shared_out.cpu().numpy(), want.cpu().numpy())}")
-            if not torch.equal(shared_in, x):
-                raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
             return ms, reply
         assert self.cpu is not None
         shared_in = self.cpu.tensor[:m]
@@ -122,11 +122,11 @@ class _Session:
         addr = reply.get("addr")
         if type(addr) is not int or addr <= 0:
             raise SolutionError("the solution host replied without the address of its result")
+        if not torch.equal(shared_in, x):
+            raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
         got, expected = self._read_host(addr, m), want.numpy()
         if not np.array_equal(got, expected):
             raise SolutionError(f"wrong output for the {label} input: {_first_mismatch(got, expected)}")
-        if not torch.equal(shared_in, x):
-            raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
         self.request({"op": "release"}, self.timeout, "releasing the result")
         return ms, reply
 
