@@ -167,7 +167,7 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
             session = _Session(host, buffers, device, n, timeout, float(p["setup_timeout_s"]))
             # The protocol's own cost, measured before the solution exists: the identity's output is
             # its input.
-            x, _ = prepared(n, -10, 11)
+            x = fresh_input(n, -10, 11, device)
             baseline = [session.call(x, x, "baseline")[0] for _ in range(baseline_calls)]
             overhead = statistics.median(baseline)
             session.request({"op": "import"}, float(p["setup_timeout_s"]), "importing solution.py")
