@@ -83,6 +83,7 @@ class Freezer:
                 for pid in pending:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGSTOP)
+                os.sched_yield()  # the threads must run to stop
         self._paused = sorted(known)
 
     def resume(self) -> None:

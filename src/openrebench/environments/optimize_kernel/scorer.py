@@ -15,6 +15,7 @@ are details only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import statistics
@@ -66,6 +67,10 @@ class _Session:
             assert self.cpu is not None
             setup = {"device": "cpu", "n": n, "fd": self.cpu.fd}
         host.send(setup)
+        # Woken first when a reply comes (the host, started before, keeps the ordinary priority): on a
+        # busy machine the clock then stops sooner after the call, and the baseline shows the same.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
         host.receive(setup_timeout, "opening the scorer's buffers")
         if not self.cuda:
             # Opened while the host is still ours: reading its memory later needs no further permission.
@@ -115,9 +120,7 @@ class _Session:
         else:
             t0 = time.perf_counter()
             shared_in.copy_(x)
-        self.freezer.resume()
-        reply = self.host.request({"op": "call", "n": m}, self.timeout, what)
-        self.freezer.freeze()
+        reply = self._resumed({"op": "call", "n": m}, self.timeout, what)
         ms = (time.perf_counter() - t0) * 1e3
         addr = reply.get("addr")
         if type(addr) is not int or addr <= 0:
@@ -130,14 +133,20 @@ class _Session:
         self.request({"op": "release"}, self.timeout, "releasing the result")
         return ms, reply
 
-    def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
-        """A request outside the timed calls (e.g. the import), with the solution's processes running."""
-        if not self.cuda:
-            self.freezer.resume()
-        reply = self.host.request(message, timeout, what)
-        if not self.cuda:
-            self.freezer.freeze()
+    def _resumed(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        """Send a request, let the solution's processes run until the reply, pause them all again.
+        The message goes first: the host finds it waiting when it wakes (one switch fewer)."""
+        self.host.send(message)
+        self.freezer.resume()
+        reply = self.host.receive(timeout, what)
+        self.freezer.freeze()
         return reply
+
+    def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        """A request outside the timed calls (e.g. the import)."""
+        if self.cuda:
+            return self.host.request(message, timeout, what)
+        return self._resumed(message, timeout, what)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -146,10 +155,19 @@ class _Session:
             os.close(self.mem_fd)
 
 
+def _not_dumpable() -> None:
+    """Keep a solution running as this process's uid from reading its memory (the expected outputs)
+    through /proc or ptrace; where the solution has as many privileges as the scorer, only the scoring
+    sandbox (another uid) protects it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+
+
 def score(spec: TierSpec, solution: Path) -> ScoreResult:
+    _not_dumpable()
     p = spec.params
     n, warmup, timed = int(p["length"]), int(p["warmup_calls"]), int(p["timed_calls"])
-    baseline_calls = int(p.get("baseline_calls", 11))
+    baseline_calls = int(p.get("baseline_calls", 21))
     if spec.device == "cuda" and not torch.cuda.is_available():
         return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is available.")
     device = torch.device(spec.device)
