@@ -1,15 +1,16 @@
 """The optimize_kernel scorer: every call timed and checked from outside the solution's process.
 
 Runs in the scorer process, which the solution cannot reach. For each call (correctness checks and
-timed calls alike) the input and its expected output are made here from a fresh seed; only then does
-the clock start, the input is copied into the buffer the scorer lends to the host, and the call is
-requested. On the CPU every process of the solution stays paused (SIGSTOP) except inside a window:
-the clock stops once the reply has come and they are all paused again, and only then is the result
-read from the host's memory and compared. On CUDA the comparison of the scorer's output buffer runs
-inside the window, queued on the same device. A solution's time per call is its window minus the
-protocol overhead: the median window of the same protocol run with a built-in identity function
-before solution.py was imported, so nothing the solution does can shrink it. Figures from the host
-are details only.
+timed calls alike) the input and its expected output are made here from a fresh seed. On the CPU
+every process of the solution stays paused (SIGSTOP, verified per thread) outside its windows: the
+input is placed in the buffer the scorer lends to the host while all are paused (inside the window
+where no PID namespace guarantees that), the clock starts, they resume for the call, and the clock
+stops once the reply has come and all are paused again; only then is the result read from the host's
+memory (/proc/PID/mem, opened before the import) and compared. On CUDA the input is copied into the
+scorer's IPC buffer inside the window, and the comparison of the scorer's output buffer runs inside
+it too, on the same device. A solution's time per call is its window minus the protocol overhead:
+the median window of the same protocol run with a built-in identity function before solution.py was
+imported, so nothing the solution does can shrink it. Figures from the host are details only.
 """
 
 from __future__ import annotations
