@@ -33,20 +33,10 @@ HOSTILE: dict[str, tuple[str, str]] = {
                      "wrong output for the length 1 input: first difference at index 0"),
     "modifies its input": (CORRECT.replace("    odd = ", "    x.zero_()\n    odd = "),
                            "prefix_sum modified its input"),
-    "patches the clock at import": ("import time\ntime.perf_counter = lambda: 0.0\n" + CORRECT,
-                                    "tampering detected while importing solution.py: time.perf_counter"),
-    "patches torch at call time": (
-        CORRECT.replace("    return", "    torch.Tensor.sum = lambda *a, **k: 0\n    return"),
-                                   "tampering detected while running prefix_sum: torch.Tensor.sum"),
-    "patches the digest at call time": (
-        CORRECT.replace("    return", "    import openrebench.environments.optimize_kernel._inputs as i\n"
-                                     "    i._blake2b = None\n    return"),
-        "tampering detected while running prefix_sum: the digest._blake2b"),
-    "installs a profiler hook": ("import sys\nsys.setprofile(lambda *a: None)\n" + CORRECT,
-                                 "a trace or profile hook was installed"),
-    "leaves a thread running": ("import threading, time\n" + CORRECT.replace(
-        "    odd = ", "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    odd = "),
-        "left threads running"),
+    "points the scorer at unmapped memory": (
+        "from openrebench.core import HostChannel\n_send = HostChannel.send\n"
+        "HostChannel.send = lambda self, m: _send(self, {**m, 'addr': 4096} if 'addr' in m else m)\n"
+        + CORRECT, "could not be read after the call"),
     "fills memory": ("import numpy as np\nhog = np.ones(8 * 1024**3, dtype=np.uint8)\n",
                      "used more than 6 GB of memory"),
     "hangs": ("def prefix_sum(x):\n    while True:\n        pass\n",

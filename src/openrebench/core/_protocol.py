@@ -70,10 +70,12 @@ class SolutionProcess:
 
     The host module is run as `python -m MODULE SOLUTION_DIR READ_FD WRITE_FD`, with the solution
     directory as its working directory and its stdout/stderr captured to a private file whose tail
-    is quoted in error messages (so agents see their own tracebacks).
+    is quoted in error messages (so agents see their own tracebacks). `pass_fds` are inherited too
+    (e.g. shared memory the scorer owns).
     """
 
-    def __init__(self, module: str, solution: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, module: str, solution: Path, env: dict[str, str] | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self._logdir = Path(tempfile.mkdtemp(prefix="openrebench-host-"))
         self.log_path = self._logdir / "output.log"
         parent_read, child_write = os.pipe()
@@ -92,7 +94,7 @@ class SolutionProcess:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", module, str(solution), str(child_read), str(child_write)],
                 cwd=solution, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(child_read, child_write), env=child_env, start_new_session=True,
+                pass_fds=(child_read, child_write, *pass_fds), env=child_env, start_new_session=True,
             )
         os.close(child_read)
         os.close(child_write)

@@ -1,9 +1,12 @@
 """The solution host: the only process that runs the agent's code.
 
-It builds every input before importing `solution.py`, records the identity of everything the
-timing relies on, then serves the scorer's requests: call `prefix_sum` on input i, time it, and
-report the time, then digests of the output and of the input. Any exception, wrong type, dtype,
-shape or device, left-over thread or tampering is reported as an error message for the agent.
+Nothing in this process is trusted once solution.py is imported: the solution may rewrite any of it.
+It holds no input, seed or answer before a call: it maps the scorer's input buffer (and, on CUDA, its
+output buffer), answers baseline calls with a built-in function before the import, then calls
+`prefix_sum` on the shared input for each request. On the CPU it replies with the address of the
+result (the scorer reads it from this process's memory once every solution process is paused); on
+CUDA it copies the result into the scorer's output buffer and synchronises the device. The times it
+reports are shown to the agent as details only.
 """
 
 from __future__ import annotations
@@ -12,19 +15,13 @@ import importlib.util
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from openrebench.core import HostChannel, TamperGuard
-from openrebench.environments.optimize_kernel import _inputs
-from openrebench.environments.optimize_kernel._inputs import Digester, make_input
-
-_TIMER_NAMES = ("perf_counter", "perf_counter_ns", "monotonic", "time", "sleep")
-_TORCH_NAMES = ("randint", "zeros", "zeros_like", "empty", "remainder", "Generator", "Tensor", "device")
-_TENSOR_NAMES = ("sum", "to", "reshape", "numel", "__mul__", "tolist", "clone", "__getitem__",
-                 "dtype", "shape", "device", "is_contiguous", "contiguous", "detach", "numpy")
-_CUDA_NAMES = ("synchronize", "Event", "current_stream", "is_available")
+from openrebench.core import HostChannel
+from openrebench.environments.optimize_kernel._buffers import CpuInput, CudaBuffers
 
 
 def _solution_traceback(exc: BaseException, solution_dir: Path) -> str:
@@ -47,33 +44,11 @@ def _check_output(y: object, x: torch.Tensor) -> str | None:
     return None
 
 
-def main() -> None:
-    solution_dir, channel = HostChannel.from_argv()
-    setup = channel.receive()
-    device = torch.device(setup["device"])
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.init()
-    inputs = [make_input(spec, device) for spec in setup["inputs"]]
-    digest = Digester(int(setup["digest_seed"]))
-    stream = torch.cuda.current_stream() if cuda else None
-    if cuda:
-        torch.cuda.synchronize()
-
-    guard = (TamperGuard().watch("time", time, _TIMER_NAMES).watch("torch", torch, _TORCH_NAMES)
-             .watch("torch.Tensor", torch.Tensor, _TENSOR_NAMES).watch_namespace("the scorer", globals())
-             .watch("Digester", Digester, ("__call__", "_w")).watch("the digest", _inputs, ("_blake2b",)))
-    if cuda:
-        guard.watch("torch.cuda", torch.cuda, _CUDA_NAMES)
-        guard.watch("torch.cuda.Event", torch.cuda.Event, ("record", "synchronize", "elapsed_time"))
-    perf_counter = time.perf_counter
-
-    start = perf_counter()
-    sys.path.insert(0, str(solution_dir))
+def _import_solution(solution_dir: Path) -> tuple[Callable[[torch.Tensor], object] | None, str | None]:
     path = solution_dir / "solution.py"
     if not path.is_file():
-        channel.send({"error": "solution.py is missing from the workspace"})
-        return
+        return None, "solution.py is missing from the workspace"
+    sys.path.insert(0, str(solution_dir))
     try:
         spec = importlib.util.spec_from_file_location("solution", path)
         assert spec is not None and spec.loader is not None
@@ -81,58 +56,68 @@ def main() -> None:
         sys.modules["solution"] = module
         spec.loader.exec_module(module)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the agent's code must not end us
-        channel.send({"error": f"solution.py failed to import: {_solution_traceback(e, solution_dir)}"})
-        return
+        return None, f"solution.py failed to import: {_solution_traceback(e, solution_dir)}"
     fn = getattr(module, "prefix_sum", None)
     if not callable(fn):
-        channel.send({"error": "solution.py does not define a function prefix_sum(x)"})
-        return
-    if problem := guard.check():
-        channel.send({"error": f"tampering detected while importing solution.py: {problem}"})
-        return
-    channel.send({"ready": True, "import_s": perf_counter() - start})
+        return None, "solution.py does not define a function prefix_sum(x)"
+    return fn, None
 
+
+def _serve(channel: HostChannel, fn: Callable[[torch.Tensor], object], x_buf: torch.Tensor,
+           out_buf: torch.Tensor | None, solution_dir: Path) -> str | None:
+    """Answer calls until another op arrives; returns that op (None after an error was sent)."""
+    held: list[torch.Tensor] = []  # the last result, alive until the scorer has read it
     while True:
         request = channel.receive()
-        op = request.get("op")
-        if op == "exit":
-            return
-        if op == "ping":
-            channel.send({"pong": True})
+        if request.get("op") == "release":  # freeing the result costs nothing inside a timed window
+            held.clear()
+            channel.send({"released": True})
             continue
-        x = inputs[int(request["i"])]
+        if request.get("op") != "call":
+            return str(request.get("op"))
+        x = x_buf[: int(request["n"])]
+        t0 = time.perf_counter()
         try:
-            if cuda:
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                t0 = perf_counter()
-                begin.record(stream)
-                y = fn(x)
-                torch.cuda.synchronize()  # the whole device: work on side streams counts too
-                end.record(stream)
-                end.synchronize()
-                wall_ms = (perf_counter() - t0) * 1e3
-                ms = begin.elapsed_time(end)
-            else:
-                t0 = perf_counter()
-                y = fn(x)
-                wall_ms = ms = (perf_counter() - t0) * 1e3
+            y = fn(x)
         except BaseException as e:
             channel.send({"error": f"prefix_sum raised {_solution_traceback(e, solution_dir)}"})
-            return
-        channel.send({"ms": ms, "wall_ms": wall_ms})
-        if problem := guard.check():
-            channel.send({"error": f"tampering detected while running prefix_sum: {problem}"})
-            return
-        if threads := guard.new_threads():
-            channel.send({"error": f"prefix_sum left threads running ({', '.join(threads)}); "
-                                   "all work must be finished when it returns"})
-            return
+            return None
         if problem := _check_output(y, x):
             channel.send({"error": problem})
-            return
-        channel.send({"digest": digest(y), "input_digest": digest(x), "head": y[:64].tolist()})
+            return None
+        assert isinstance(y, torch.Tensor)
+        if out_buf is None:
+            y = y.contiguous()
+            held.append(y)
+            channel.send({"addr": y.data_ptr(), "host_ms": (time.perf_counter() - t0) * 1e3})
+        else:
+            out_buf[: y.numel()].copy_(y)
+            torch.cuda.synchronize()  # the whole device: work on side streams counts too
+            channel.send({"host_ms": (time.perf_counter() - t0) * 1e3})
         del y
+
+
+def main() -> None:
+    solution_dir, channel = HostChannel.from_argv()
+    setup = channel.receive()
+    n = int(setup["n"])
+    if setup["device"] == "cuda":
+        torch.cuda.init()
+        x_buf, out_buf = CudaBuffers.open(setup["cuda"])
+    else:
+        x_buf, out_buf = CpuInput.open(int(setup["fd"]), n), None
+        # Start torch's worker threads now, so the baseline pauses as many threads as a solution has.
+        torch.ones(1 << 20, dtype=torch.int64).sum()
+    channel.send({"hello": True})
+    if _serve(channel, lambda x: x, x_buf, out_buf, solution_dir) != "import":
+        return
+    start = time.perf_counter()
+    fn, problem = _import_solution(solution_dir)
+    if fn is None:
+        channel.send({"error": problem})
+        return
+    channel.send({"ready": True, "import_s": time.perf_counter() - start})
+    _serve(channel, fn, x_buf, out_buf, solution_dir)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ class OptimizeKernel(Environment):
     id = "optimize_kernel"
     rebench_id = "ai_rd_triton_cumsum"
     title = "Optimize a kernel: a conditional prefix sum"
-    version = "1.0.0"
+    version = "1.1.0"
     direction = Direction.MIN
     score_visible = True
     timing_sensitive = True
@@ -22,8 +22,8 @@ class OptimizeKernel(Environment):
             name="mini", description="CPU, 2**22 elements: the starting solution takes tens of milliseconds.",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
             score_timeout_s=300, memory_limit_gb=6,
-            params={"length": 2**22, "warmup_calls": 3, "timed_calls": 20, "call_timeout_s": 30,
-                    "setup_timeout_s": 120},
+            params={"length": 2**22, "warmup_calls": 3, "timed_calls": 20, "baseline_calls": 21,
+                    "call_timeout_s": 30, "setup_timeout_s": 120},
             # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
             # default for CPUs without a record of their own (`openrebench calibrate` makes one).
             default_constants=NormConstants(
@@ -34,8 +34,8 @@ class OptimizeKernel(Environment):
             name="full", description="One CUDA GPU, 1e8 elements, as in the paper.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class), Triton", time_limit_hours=8,
             score_timeout_s=900, memory_limit_gb=32,
-            params={"length": 100_000_000, "warmup_calls": 3, "timed_calls": 10, "call_timeout_s": 120,
-                    "setup_timeout_s": 300},
+            params={"length": 100_000_000, "warmup_calls": 3, "timed_calls": 10, "baseline_calls": 21,
+                    "call_timeout_s": 120, "setup_timeout_s": 300},
             # The shipped H200 record (calibration/full--cuda-nvidia-h200.json): the default for GPUs
             # that have no record of their own yet.
             default_constants=NormConstants(
