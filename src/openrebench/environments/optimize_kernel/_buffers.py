@@ -1,16 +1,21 @@
 """Memory the scorer owns and lends to the solution host: where each call's input is placed.
 
 CPU: one sealed memfd (it cannot be shrunk, so the scorer's own mapping can never fault), inherited by
-the host and mapped there. CUDA: the scorer allocates an input and an output buffer on its GPU and
-sends their CUDA IPC handles; the host opens them with class and dtype chosen by itself, never
-taken from the wire. Both sides see the same bytes; only the scorer decides what is written when.
+the host and mapped there. CUDA: an allocation of its own (cuMemAlloc, outside torch's caching
+allocator, so no private tensor of the scorer ever shares it) lent by CUDA IPC; in the other direction
+the host lends the allocation holding its result, which the scorer maps and compares in place, so no
+copy is counted that a rewritten host could skip. CUDA IPC does not cross uids: on a GPU the scorer
+runs as the solution's uid (see scorer.py). Both sides see the same bytes; only the scorer decides what
+is written when. The driver API is used through ctypes (libcuda is wherever a CUDA GPU is).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import fcntl
+import functools
 import mmap
 import os
 from typing import Any
@@ -41,39 +46,127 @@ class CpuInput:
         os.close(self.fd)
 
 
-class CudaBuffers:
-    """Input and output buffers of n int32 on the scorer's GPU, shared with the host by CUDA IPC.
+class CudaIpcError(RuntimeError):
+    """A CUDA IPC step failed (a bad handle from the host, or the driver refused)."""
 
-    The wire carries only the storage handle fields of `_share_cuda_()`, base64-encoded where bytes;
-    the host rebuilds plain int32 tensors from them with `_new_shared_cuda`.
-    """
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _cu(name: str, *args: object) -> None:
+    """Call a driver function (its _v2 version where there is one); raise on an error code."""
+    lib = _driver()
+    fn = getattr(lib, f"{name}_v2", None) or getattr(lib, name)
+    code = fn(*args)
+    if code:
+        raise CudaIpcError(f"{name} failed with CUDA error {code}")
+
+
+class _CudaArray:
+    """Enough of __cuda_array_interface__ for torch.as_tensor to view device memory it does not own."""
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+def _view(ptr: int, n: int, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(_CudaArray(ptr, n), device=device)
+
+
+def _range(ptr: int) -> tuple[int, int]:
+    """The base and size of the allocation holding `ptr`."""
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    _cu("cuMemGetAddressRange", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+    return base.value, size.value
+
+
+def _export(ptr: int) -> dict[str, Any]:
+    base, size = _range(ptr)
+    handle = _IpcHandle()
+    _cu("cuIpcGetMemHandle", ctypes.byref(handle), ctypes.c_uint64(base))
+    # bytes(handle), not handle.reserved: a c_char array's value stops at its first NUL byte
+    return {"handle": base64.b64encode(bytes(handle)).decode(), "offset": ptr - base, "size": size}
+
+
+def _open(handle_b64: object) -> tuple[int, int]:
+    if not isinstance(handle_b64, str):
+        raise CudaIpcError("the handle is not a string")
+    raw = base64.b64decode(handle_b64, validate=True)
+    if len(raw) != 64:
+        raise CudaIpcError("the handle is not 64 bytes")
+    handle = _IpcHandle.from_buffer_copy(raw)
+    ptr = ctypes.c_uint64()
+    _cu("cuIpcOpenMemHandle", ctypes.byref(ptr), handle, ctypes.c_uint(1))  # lazy peer access
+    return ptr.value, _range(ptr.value)[1]
+
+
+class CudaInput:
+    """The scorer's input buffer of n int32 on its GPU, in an allocation of its own, lent by CUDA IPC."""
 
     def __init__(self, n: int, device: torch.device) -> None:
-        self.input = torch.zeros(n, dtype=torch.int32, device=device)
-        self.output = torch.zeros(n, dtype=torch.int32, device=device)
-        torch.cuda.synchronize(device)
-        self.wire = {"input": self._share(self.input), "output": self._share(self.output), "n": n}
+        torch.zeros(1, device=device)  # the primary context, current on this thread for the driver API
+        self.n, self.device = n, device
+        ptr = ctypes.c_uint64()
+        _cu("cuMemAlloc", ctypes.byref(ptr), ctypes.c_size_t(max(4 * n, 4)))
+        self.ptr = ptr.value
+        self.tensor = _view(self.ptr, n, device)
+        self.wire = {**_export(self.ptr), "n": n}
 
     @staticmethod
-    def _share(t: torch.Tensor) -> list[Any]:
-        fields = list(t.untyped_storage()._share_cuda_())
-        # The reference counter lives in a shared-memory file the scorer (root in the scoring sandbox)
-        # creates; the host runs as another uid and must be able to open it.
-        if isinstance(fields[4], bytes):
-            with contextlib.suppress(OSError):
-                os.chmod("/dev/shm/" + fields[4].decode().lstrip("/"), 0o666)
-        return [{"b64": base64.b64encode(f).decode()} if isinstance(f, bytes) else f for f in fields]
+    def open(wire: dict[str, Any], device: torch.device) -> torch.Tensor:
+        """The host's view of the buffer (opened before the solution is imported)."""
+        torch.zeros(1, device=device)
+        ptr, _ = _open(wire["handle"])
+        return _view(ptr + int(wire["offset"]), int(wire["n"]), device)
 
-    @staticmethod
-    def open(wire: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The host's input and output tensors (called before the solution is imported)."""
-        n = int(wire["n"])
+    def close(self) -> None:
+        del self.tensor
+        torch.cuda.synchronize(self.device)
+        with contextlib.suppress(CudaIpcError):
+            _cu("cuMemFree", ctypes.c_uint64(self.ptr))
 
-        def rebuild(fields: list[Any]) -> torch.Tensor:
-            args = [base64.b64decode(f["b64"]) if isinstance(f, dict) else f for f in fields]
-            torch.cuda.set_device(int(args[0]))
-            storage = torch.UntypedStorage._new_shared_cuda(*args)
-            return torch.empty(0, dtype=torch.int32, device=f"cuda:{int(args[0])}").set_(
-                storage, 0, (n,), (1,))
 
-        return rebuild(wire["input"]), rebuild(wire["output"])
+def export_result(y: torch.Tensor) -> dict[str, Any]:
+    """Host side: where the scorer finds `y` (a handle to the allocation holding it, and the offset)."""
+    return _export(y.data_ptr())
+
+
+class CudaResults:
+    """Scorer side: the host's results viewed in place. Each allocation the host lends is mapped once
+    and kept (the host's caching allocator hands the same memory back call after call)."""
+
+    MAX_MAPPINGS = 16
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.mapped: dict[str, tuple[int, int]] = {}
+
+    def view(self, reply: dict[str, Any], n: int) -> torch.Tensor:
+        info = reply.get("cuda")
+        if not isinstance(info, dict):
+            raise CudaIpcError("the reply does not say where the result is")
+        handle, offset = info.get("handle"), info.get("offset")
+        if type(offset) is not int or offset < 0 or offset % 4:
+            raise CudaIpcError("the result's offset is not a valid int32 offset")
+        if handle not in self.mapped:
+            if len(self.mapped) >= self.MAX_MAPPINGS:
+                raise CudaIpcError(f"the host lent more than {self.MAX_MAPPINGS} different allocations")
+            self.mapped[str(handle)] = _open(handle)
+        ptr, size = self.mapped[str(handle)]
+        if offset + 4 * n > size:
+            raise CudaIpcError("the result does not fit in the allocation the host lent")
+        return _view(ptr + offset, n, self.device)
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)
+        for ptr, _ in self.mapped.values():
+            with contextlib.suppress(CudaIpcError):
+                _cu("cuIpcCloseMemHandle", ctypes.c_uint64(ptr))
+        self.mapped.clear()

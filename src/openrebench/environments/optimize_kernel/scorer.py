@@ -7,10 +7,11 @@ input is placed in the buffer the scorer lends to the host while all are paused 
 where no PID namespace guarantees that), the clock starts, they resume for the call, and the clock
 stops once the reply has come and all are paused again; only then is the result read from the host's
 memory (/proc/PID/mem, opened before the import) and compared. On CUDA the input is copied into the
-scorer's IPC buffer inside the window, and the comparison of the scorer's output buffer runs inside
-it too, on the same device. A solution's time per call is its window minus the protocol overhead:
-the median window of the same protocol run with a built-in identity function before solution.py was
-imported, so nothing the solution does can shrink it. Figures from the host are details only.
+scorer's IPC buffer inside the window, and the host's result is compared in place (the host lends its
+allocation by CUDA IPC) inside the window too, on the same device. A solution's time per call is its
+window minus the protocol overhead: the median window of the same protocol run with a built-in
+identity function before solution.py was imported, so nothing the solution does can shrink it.
+Figures from the host are details only.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from openrebench.core import ScoreResult, SolutionError, SolutionProcess, TierSpec
+from openrebench.core import SANDBOX_UID, ScoreResult, SolutionError, SolutionProcess, TierSpec
 
-from ._buffers import CpuInput, CudaBuffers
+from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
 from ._inputs import expected_output, fresh_input
 
@@ -46,6 +47,11 @@ def _checks(n: int) -> list[tuple[str, int, int, int]]:
             (f"random full length {n}", n, -10, 11)]
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact equality in one pass (torch.equal is several times slower on a GPU)."""
+    return not bool(torch.ne(a, b).any())
+
+
 def _first_mismatch(got: np.ndarray, want: np.ndarray) -> str:
     i = int(np.flatnonzero(got != want)[0])
     return f"first difference at index {i}: got {int(got[i])}, expected {int(want[i])}"
@@ -54,14 +60,15 @@ def _first_mismatch(got: np.ndarray, want: np.ndarray) -> str:
 class _Session:
     """One scoring's host, buffers and clock; `call` runs one window and returns its milliseconds."""
 
-    def __init__(self, host: SolutionProcess, buffers: CpuInput | CudaBuffers, device: torch.device,
+    def __init__(self, host: SolutionProcess, buffers: CpuInput | CudaInput, device: torch.device,
                  n: int, timeout: float, setup_timeout: float) -> None:
         self.host, self.device, self.timeout = host, device, timeout
         self.cuda = device.type == "cuda"
         self.freezer = Freezer(host.proc.pid)
         self.mem_fd: int | None = None
         self.cpu = buffers if isinstance(buffers, CpuInput) else None
-        self.gpu = buffers if isinstance(buffers, CudaBuffers) else None
+        self.gpu = buffers if isinstance(buffers, CudaInput) else None
+        self.results = CudaResults(device) if self.gpu is not None else None
         if self.gpu is not None:
             setup: dict[str, Any] = {"device": "cuda", "n": n, "cuda": self.gpu.wire}
         else:
@@ -98,18 +105,26 @@ class _Session:
         m = x.numel()
         what = f"prefix_sum on the {label} input"
         if self.gpu is not None:
-            shared_in, shared_out = self.gpu.input[:m], self.gpu.output[:m]
+            assert self.results is not None
+            shared_in = self.gpu.tensor[:m]
+            torch.cuda.synchronize(self.device)  # this call's input and answer are made: none of it is timed
             t0 = time.perf_counter()
             shared_in.copy_(x)
             torch.cuda.synchronize(self.device)
             reply = self.host.request({"op": "call", "n": m}, self.timeout, what)
-            correct = torch.equal(shared_out, want)  # queued behind anything the host left running
+            try:
+                got = self.results.view(reply, m)
+            except (CudaIpcError, ValueError) as e:
+                raise SolutionError(f"the result of prefix_sum could not be read ({e})") from None
+            # Compared in place, inside the window: the comparison queues behind whatever work the host
+            # left running on the device, so replying early gains nothing.
+            correct = _same(got, want)
             ms = (time.perf_counter() - t0) * 1e3
-            if not torch.equal(shared_in, x):
+            if not _same(shared_in, x):
                 raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
             if not correct:
                 raise SolutionError(f"wrong output for the {label} input: "
-                                    f"{_first_mismatch(shared_out.cpu().numpy(), want.cpu().numpy())}")
+                                    f"{_first_mismatch(got.cpu().numpy(), want.cpu().numpy())}")
             return ms, reply
         assert self.cpu is not None
         shared_in = self.cpu.tensor[:m]
@@ -152,6 +167,8 @@ class _Session:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.freezer.kill_all()
+        if self.results is not None:
+            self.results.close()
         if self.mem_fd is not None:
             os.close(self.mem_fd)
 
@@ -164,7 +181,22 @@ def _not_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
 
 
+def _as_solution_uid() -> None:
+    """CUDA IPC does not cross uids: where the scorer is root and the solution runs as the sandbox uid,
+    the scorer becomes that uid before touching the GPU (this environment reads no protected data),
+    with no way back to privileges, and non-dumpable so that the solution can neither trace it nor
+    read its memory, though they share a uid."""
+    if os.geteuid() == 0 and os.environ.get("OPENREBENCH_SOLUTION_DROP"):
+        os.setgroups([])
+        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
+
 def score(spec: TierSpec, solution: Path) -> ScoreResult:
+    if spec.device == "cuda":
+        _as_solution_uid()
     _not_dumpable()
     p = spec.params
     n, warmup, timed = int(p["length"]), int(p["warmup_calls"]), int(p["timed_calls"])
@@ -178,7 +210,7 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
         x = fresh_input(size, low, high, device)
         return x, expected_output(x)
 
-    buffers = CudaBuffers(n, device) if device.type == "cuda" else CpuInput(n)
+    buffers = CudaInput(n, device) if device.type == "cuda" else CpuInput(n)
     session: _Session | None = None
     try:
         with SolutionProcess(HOST_MODULE, solution,
@@ -203,8 +235,7 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
     finally:
         if session is not None:
             session.close()
-        if isinstance(buffers, CpuInput):
-            buffers.close()
+        buffers.close()
     return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:])
 
 
