@@ -46,6 +46,9 @@ _SKIPPED = {errno.ELOOP: _REPLACED, errno.ENOTDIR: _REPLACED, errno.EISDIR: _REP
             errno.EACCES: "not readable", errno.EPERM: "not readable"}
 
 
+_read = os.read  # how the snapshot reads the agent's files (tests change a file mid-copy here)
+
+
 def _before_open(rel: str) -> None:
     """Called just before each workspace entry is opened (tests race a swap into that window)."""
 
@@ -126,7 +129,7 @@ class _Snapshot:
             self.digest.update(os.fsencode(path) + b"\0")
             copied = 0
             try:
-                while block := os.read(fd, 1 << 20):
+                while block := _read(fd, 1 << 20):
                     copied += len(block)
                     self.bytes += len(block)
                     if self.bytes > MAX_SNAPSHOT_BYTES:
