@@ -1,0 +1,102 @@
+"""Nothing secret is readable in the agent's sandbox: every file it can read under the Python
+environment (the venv, where the package's metadata lives) and the package is searched for the
+reference solutions' descriptions and code, ground truths and calibration results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import openrebench
+from openrebench.core import bwrap_binary, start_run
+from openrebench.core._bwrap import package_root
+from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+
+pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
+
+PACKAGE = Path(openrebench.__file__).resolve().parent
+REPO = PACKAGE.parent.parent
+# How the project's documentation describes the reference solutions and their results (one line each).
+DESCRIPTIONS = ["a linear map from the small model's embeddings into the large model's space",
+                "The reference follows the paper's: a residual stack of convolutions",
+                "runs an IsoFLOP grid under the cap", "computes the same in one process",
+                "n_embd 128–160 (held-out loss 2.345)"]
+
+SEARCH = r"""
+import json, os, stat, sys
+markers = [m.encode() for m in json.load(open(sys.argv[1]))]
+hits, files, unreadable = [], 0, 0
+for root in sys.argv[2:]:
+    for folder, dirs, names_ in os.walk(root):
+        for name in names_:
+            path = os.path.join(folder, name)
+            if name.startswith(("heldout", "ground_truth--")) or (
+                    "openrebench" in folder and os.path.basename(folder) == "calibration"):
+                hits.append([path, "a protected file by its name"])
+            try:
+                if not stat.S_ISREG(os.stat(path, follow_symlinks=False).st_mode):
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                unreadable += 1
+                continue
+            files += 1
+            hits += [[path, m.decode()] for m in markers if m in data]
+print(json.dumps({"hits": hits, "files": files, "unreadable": unreadable}))
+"""
+
+
+def _markers() -> list[str]:
+    """Descriptions, lines of the reference code found nowhere else in the package, and the exact
+    values of ground truths and calibration records (their reprs, as any copy would write them)."""
+    markers = list(DESCRIPTIONS)
+    elsewhere = "\n".join(p.read_text(errors="replace") for p in PACKAGE.rglob("*.py")
+                          if "reference" not in p.parts)
+    for env in sorted(PACKAGE.glob("environments/*")):
+        for ref in sorted((env / "reference").glob("*.py")):
+            lines = [x.strip() for x in ref.read_text().splitlines()]
+            markers += [x for x in lines
+                        if len(x) > 50 and not x.startswith(("#", '"', "'")) and x not in elsewhere][:3]
+        for truth in (env / "reference").glob("ground_truth--*.json"):
+            markers += [repr(p["loss"]) for p in json.loads(truth.read_text())["points"]]
+        for record in (env / "calibration").glob("*.json"):
+            data = json.loads(record.read_text())
+            markers += [repr(v) for which in ("start", "reference") for v in data[which]["values"]]
+        if (env / "reference" / "constants.json").is_file():
+            constants = json.loads((env / "reference" / "constants.json").read_text())
+            markers += [repr(c["start"]) for c in constants.values()]
+    return sorted({m for m in markers if len(m) >= 6})
+
+
+def test_no_file_readable_in_the_agents_sandbox_holds_secrets(tmp_path: Path) -> None:
+    markers = _markers()
+    assert len(markers) > 30
+    # the markers do find the secrets where they are (the test can fail)
+    for secret in ("environments/fix_embedding/reference/fix.py",
+                   "environments/scaling_law/reference/constants.json"):
+        assert any(m.encode() in (PACKAGE / secret).read_bytes() for m in markers), secret
+    assert any(m.encode() in (REPO / "README.md").read_bytes() for m in DESCRIPTIONS)
+
+    run = start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)[0]
+    (run.workspace / "markers.json").write_text(json.dumps(markers))
+    (run.workspace / "search.py").write_text(SEARCH)
+
+    async def search() -> str:
+        config = SandboxConfig(env_id="optimize_kernel", isolation="bwrap")
+        box = await OpenRebenchSandbox.for_run(run, config)
+        try:
+            result = await box.exec(["python", "search.py", "markers.json", sys.prefix, str(package_root())],
+                                    timeout=600)
+        finally:
+            await box.close()
+        assert result.success, result.stderr
+        return result.stdout
+
+    found = json.loads(asyncio.run(search()))
+    assert found["files"] > 1000  # it did read the environment
+    assert found["hits"] == [], found["hits"][:20]
