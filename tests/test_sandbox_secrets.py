@@ -27,16 +27,24 @@ DESCRIPTIONS = ["a linear map from the small model's embeddings into the large m
                 "n_embd 128–160 (held-out loss 2.345)"]
 
 SEARCH = r"""
-import json, os, stat, sys
-markers = [m.encode() for m in json.load(open(sys.argv[1]))]
+import json, os, re, stat, sys
+markers = json.load(open(sys.argv[1]))
+phrases = [m.encode() for m in markers["phrases"]]
+lines = {m.encode() for m in markers["lines"]}
+numbers = {m.encode() for m in markers["numbers"]}
+number = re.compile(rb"-?\d+\.\d{6,}(?:e-?\d+)?")
 hits, files, unreadable = [], 0, 0
 for root in sys.argv[2:]:
-    for folder, dirs, names_ in os.walk(root):
-        for name in names_:
+    for folder, dirs, names in os.walk(root):
+        for name in names:
             path = os.path.join(folder, name)
             if name.startswith(("heldout", "ground_truth--")) or (
                     "openrebench" in folder and os.path.basename(folder) == "calibration"):
                 hits.append([path, "a protected file by its name"])
+            # compiled bytecode holds its source's strings: the source beside it is searched
+            if name.endswith(".pyc") and os.path.basename(folder) == "__pycache__" and os.path.exists(
+                    os.path.join(os.path.dirname(folder), name.split(".")[0] + ".py")):
+                continue
             try:
                 if not stat.S_ISREG(os.stat(path, follow_symlinks=False).st_mode):
                     continue
@@ -46,41 +54,47 @@ for root in sys.argv[2:]:
                 unreadable += 1
                 continue
             files += 1
-            hits += [[path, m.decode()] for m in markers if m in data]
+            found = [m for m in phrases if m in data]
+            if b"\0" not in data[:65536]:  # text: code lines and numbers too (binaries hold neither)
+                found += list(set(number.findall(data)) & numbers)
+                found += list({x.strip() for x in data.splitlines()} & lines)
+            hits += [[path, m.decode(errors="replace")] for m in found]
 print(json.dumps({"hits": hits, "files": files, "unreadable": unreadable}))
 """
 
 
-def _markers() -> list[str]:
-    """Descriptions, lines of the reference code found nowhere else in the package, and the exact
-    values of ground truths and calibration records (their reprs, as any copy would write them)."""
-    markers = list(DESCRIPTIONS)
+def _markers() -> dict[str, list[str]]:
+    """Descriptions of the references, lines of their code found nowhere else in the package, and the
+    exact values of ground truths and calibration records (their reprs, as any copy would write them)."""
+    lines, numbers = [], []
     elsewhere = "\n".join(p.read_text(errors="replace") for p in PACKAGE.rglob("*.py")
                           if "reference" not in p.parts)
     for env in sorted(PACKAGE.glob("environments/*")):
         for ref in sorted((env / "reference").glob("*.py")):
-            lines = [x.strip() for x in ref.read_text().splitlines()]
-            markers += [x for x in lines
-                        if len(x) > 50 and not x.startswith(("#", '"', "'")) and x not in elsewhere][:3]
+            stripped = [x.strip() for x in ref.read_text().splitlines()]
+            lines += [x for x in stripped
+                      if len(x) > 40 and not x.startswith(("#", '"', "'", "from ", "import "))
+                      and x not in elsewhere]
         for truth in (env / "reference").glob("ground_truth--*.json"):
-            markers += [repr(p["loss"]) for p in json.loads(truth.read_text())["points"]]
+            numbers += [repr(p["loss"]) for p in json.loads(truth.read_text())["points"]]
         for record in (env / "calibration").glob("*.json"):
             data = json.loads(record.read_text())
-            markers += [repr(v) for which in ("start", "reference") for v in data[which]["values"]]
+            numbers += [repr(v) for which in ("start", "reference") for v in data[which]["values"]]
         if (env / "reference" / "constants.json").is_file():
             constants = json.loads((env / "reference" / "constants.json").read_text())
-            markers += [repr(c["start"]) for c in constants.values()]
-    return sorted({m for m in markers if len(m) >= 6})
+            numbers += [repr(c["start"]) for c in constants.values()]
+    return {"phrases": DESCRIPTIONS, "lines": sorted(set(lines)),
+            "numbers": sorted({n for n in numbers if len(n) >= 8})}
 
 
 def test_no_file_readable_in_the_agents_sandbox_holds_secrets(tmp_path: Path) -> None:
     markers = _markers()
-    assert len(markers) > 30
+    assert len(markers["lines"]) > 20 and len(markers["numbers"]) > 30
     # the markers do find the secrets where they are (the test can fail)
-    for secret in ("environments/fix_embedding/reference/fix.py",
-                   "environments/scaling_law/reference/constants.json"):
-        assert any(m.encode() in (PACKAGE / secret).read_bytes() for m in markers), secret
-    assert any(m.encode() in (REPO / "README.md").read_bytes() for m in DESCRIPTIONS)
+    for secret, kind in (("environments/fix_embedding/reference/fix.py", "lines"),
+                         ("environments/scaling_law/reference/constants.json", "numbers")):
+        assert any(m in (PACKAGE / secret).read_text() for m in markers[kind]), secret
+    assert all(m in " ".join((REPO / "README.md").read_text().split()) for m in DESCRIPTIONS)
 
     run = start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)[0]
     (run.workspace / "markers.json").write_text(json.dumps(markers))
