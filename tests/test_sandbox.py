@@ -217,3 +217,15 @@ def test_cpu_time_of_an_attempt_is_limited(tmp_path: Path) -> None:
     finally:
         loop.run_until_complete(sandbox.close())
         loop.close()
+
+
+def test_calibration_records_of_the_package_are_hidden(box: OpenRebenchSandbox) -> None:
+    """The records hold the reference's results (and, for scaling_law, values that give the optimum away)."""
+    import openrebench
+
+    envs = Path(openrebench.__file__).parent / "environments"
+    assert list(envs.glob("*/calibration/*.json"))
+    code = (f"import glob; print(len(glob.glob('{envs}/*/calibration/*')), "
+            f"len(glob.glob('{envs}/*/reference/*')))")
+    result = sh(box, f'python -c "{code}"')
+    assert result.stdout.split() == ["0", "0"], result.stdout + result.stderr
