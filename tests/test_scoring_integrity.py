@@ -145,7 +145,7 @@ def test_a_file_changing_while_copied_gives_one_clear_invalid_row(kernel_run: Ru
     assert len(kernel_run.rows()[0]) == 1
 
 
-@pytest.mark.parametrize("limit, value, expected", [("MAX_SNAPSHOT_FILES", 2, "more than 2 files"),
+@pytest.mark.parametrize("limit, value, expected", [("MAX_SNAPSHOT_FILES", 4, "more than 4 files and"),
                                                     ("MAX_SNAPSHOT_DEPTH", 1, "nested deeper than 1"),
                                                     ("MAX_SNAPSHOT_BYTES", 10, "snapshot limit")])
 def test_limits_give_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str, value: int,

@@ -82,6 +82,7 @@ class _Snapshot:
                 self.notes.append(f"skipped {'link' if stat.S_ISLNK(st.st_mode) else 'special file'} {path}")
 
     def copy_subdir(self, src_fd: int, dst_fd: int, name: str, path: str, depth: int) -> None:
+        self.count()
         _before_open(path)
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=src_fd)
@@ -103,10 +104,13 @@ class _Snapshot:
         finally:
             os.close(fd)
 
-    def copy_file(self, src_fd: int, dst_fd: int, name: str, path: str) -> None:
+    def count(self) -> None:
         self.files += 1
         if self.files > MAX_SNAPSHOT_FILES:
-            raise OpenRebenchError(f"the workspace holds more than {MAX_SNAPSHOT_FILES:,} files")
+            raise OpenRebenchError(f"the workspace holds more than {MAX_SNAPSHOT_FILES:,} files and folders")
+
+    def copy_file(self, src_fd: int, dst_fd: int, name: str, path: str) -> None:
+        self.count()
         _before_open(path)
         try:
             fd = os.open(name, _FILE_FLAGS, dir_fd=src_fd)
