@@ -114,3 +114,16 @@ def test_no_file_readable_in_the_agents_sandbox_holds_secrets(tmp_path: Path) ->
     found = json.loads(asyncio.run(search()))
     assert found["files"] > 1000  # it did read the environment
     assert found["hits"] == [], found["hits"][:20]
+
+
+def test_the_references_settings_are_kept_with_the_reference() -> None:
+    """Settings that describe how a reference works live in its masked reference/ folder, not in env.py."""
+    from openrebench.environments import get_environment
+
+    outside = [p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".json")
+               and "reference" not in p.relative_to(PACKAGE).parts]
+    text = "\n".join(p.read_text(errors="replace") for p in outside)
+    for word in ("bigram", "map_steps", "tune_steps"):
+        assert word not in text, word
+    assert get_environment("restricted_mlm").tier("mini").params["train_reference"]["bigrams"] is True
+    assert get_environment("fix_embedding").tier("mini").params["reference"]["map_steps"] > 0

@@ -9,6 +9,7 @@ checks the architecture and measures the loss on held-out tokens that only the s
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -17,6 +18,17 @@ from typing import Any, ClassVar
 from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
 
 OUTPUT_DIR = "fixed_model"
+SETTINGS_FILE = "settings.json"
+
+
+def reference_settings(tier: str) -> dict[str, Any]:
+    """The reference fix's settings, kept in reference/settings.json: they describe how the reference
+    works, and reference/ is masked in every sandbox (where nothing needs them)."""
+    try:
+        return dict(json.loads((Path(__file__).parent / "reference" / SETTINGS_FILE).read_text())[tier])
+    except (OSError, ValueError, KeyError):
+        return {}
+
 
 MINI: dict[str, Any] = {
     "corpus": "mini",
@@ -29,7 +41,7 @@ MINI: dict[str, Any] = {
                     "device": "cpu", "eval_batches": 10, "checkpoint_interval_s": 60, "seed": 2},
     # the reference fix's own permuted model only; each run's model gets a fresh secret permutation
     "reference_permutation_seed": 3,
-    "reference": {"map_steps": 80, "tune_steps": 150, "batch_size": 8, "seed": 4},
+    "reference": reference_settings("mini"),
     "output_dir": OUTPUT_DIR, "eval_batches": 16, "eval_batch_size": 16, "eval_seed": 12345,
 }
 
@@ -45,7 +57,7 @@ FULL: dict[str, Any] = {
                     "device": "cuda", "compile": True, "eval_batches": 20, "checkpoint_interval_s": 120,
                     "seed": 2},
     "reference_permutation_seed": 3,
-    "reference": {"map_steps": 400, "tune_steps": 4000, "batch_size": 32, "seed": 4},
+    "reference": reference_settings("full"),
     "output_dir": OUTPUT_DIR, "eval_batches": 50, "eval_batch_size": 32, "eval_seed": 12345,
 }
 
@@ -117,7 +129,7 @@ class FixEmbedding(Environment):
         model = build(self.tier(tier), cache_dir()).reference
         files = [(f, f"{OUTPUT_DIR}/{f.name}") for f in sorted(model.iterdir())
                  if f.name in ("config.json", "model.safetensors", "model.pt")]
-        return [*super().reference_files(tier), *files]
+        return [*(f for f in super().reference_files(tier) if f[1] != SETTINGS_FILE), *files]
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score
