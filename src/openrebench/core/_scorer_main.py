@@ -54,7 +54,12 @@ def main() -> None:
         message, infrastructure = failure_message(e, str(config.get("protected", "")))
         result = ScoreResult.invalid(message, infrastructure=infrastructure, traceback=traceback.format_exc())
     result.details["scorer_non_dumpable"] = dumpable_off
-    sys.stdout.write(f"\n{RESULT_TAG} {config['nonce']} {result.model_dump_json()}\n")
+    try:
+        line = result.model_dump_json()
+    except Exception as e:  # details that do not serialise must not cost the result line
+        line = ScoreResult.invalid("Invalid: the scorer produced a result that cannot be recorded.",
+                                   error=type(e).__name__).model_dump_json()
+    sys.stdout.write(f"\n{RESULT_TAG} {config['nonce']} {line}\n")
     sys.stdout.flush()
 
 
