@@ -96,3 +96,54 @@ def test_a_pickle_that_runs_code_is_refused_not_run(run: Run, tmp_path: Path) ->
     row = score_run(run)
     assert row.raw is None and "could not read the weights" in row.message
     assert not (tmp_path / "pwned").exists()
+
+
+def _embedding(folder: Path) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")["transformer.wte.weight"]
+
+
+def test_each_run_gets_its_own_secret_permutation(run: Run, fixemb_home: Path, tmp_path: Path) -> None:
+    """The permutation is fresh per run and follows from nothing the agent can read: not the seeds in
+    the package's parameters, not a file in the workspace."""
+    from openrebench.environments.fix_embedding import _assets, scorer
+
+    env = get_environment("fix_embedding")
+    spec = env.tier("mini")
+    other = start_run("fix_embedding", "mini", tmp_path / "other", score_start=False)[0]
+    original = _embedding(_assets.build(spec, fixemb_home).large)
+    perms = []
+    for r in (run, other):
+        permuted = _embedding(r.workspace / "large_model")
+        # each row of the permuted matrix is a row of the original: recover the permutation exactly
+        index = {tuple(row.tolist()): i for i, row in enumerate(original)}
+        perms.append(torch.tensor([index[tuple(row.tolist())] for row in permuted]))
+        assert sorted(perms[-1].tolist()) == list(range(len(original)))
+        assert torch.equal(_embedding(r.workspace / "fixed_model"), permuted)  # the starting solution
+    assert not torch.equal(perms[0], perms[1])
+    seeds = {v for v in str(spec.params).replace(",", " ").replace("}", " ").replace(":", " ").split()
+             if v.isdigit()}
+    for seed in seeds:
+        seeded = torch.randperm(len(original), generator=torch.Generator().manual_seed(int(seed)))
+        assert not any(torch.equal(seeded, perm) for perm in perms)
+    config = (run.workspace / "large_model" / "config.json").read_text()
+    assert "seed" not in config and "perm" not in config.replace("permuted", "")
+    assert sorted(p.name for p in (run.workspace / "large_model").iterdir()) == ["config.json",
+                                                                                  "model.safetensors"]
+    # the starting score stays that of a permuted model: over 8 permutations the mini start scored
+    # 2.155 ± 0.028 (the calibrated start, one fixed permutation, is 2.1553)
+    raws = [scorer.score(spec, r.workspace, r.protected).raw for r in (run, other)]
+    assert all(raw is not None and abs(raw - spec.default_constants.start) < 0.15 for raw in raws), raws
+
+
+def test_errors_on_heldout_text_give_a_fixed_message(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openrebench.environments.fix_embedding import scorer
+
+    def failing(*args: object, **kwargs: object) -> float:
+        raise IndexError("index 3141 is out of bounds: held-out token at position 2718")
+
+    monkeypatch.setattr(scorer, "evaluate", failing)
+    result = scorer.score(get_environment("fix_embedding").tier("mini"), run.workspace, run.protected)
+    assert result.raw is None and result.message == scorer.HELDOUT_FAILURE
+    assert "3141" not in result.model_dump_json() and "2718" not in result.model_dump_json()

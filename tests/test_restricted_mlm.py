@@ -344,3 +344,37 @@ def test_oracle_through_inspect_start_and_reference_are_valid(mlm_home: Path, tm
     for row in references:
         assert row["raw"] < start["raw"] - 0.3, (start["message"], row["message"])
         assert row["details"]["constants_mb"] > 10  # the reference's bigram tables came with it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", ["error", "shape"])
+def test_failures_on_heldout_text_give_a_fixed_message(run: Run, monkeypatch: pytest.MonkeyPatch,
+                                                       failure: str) -> None:
+    """The replay on held-out text raises with a token id in its text, or changes shape: the agent gets a
+    fixed description, never the values."""
+    from openrebench.environments.restricted_mlm import scorer
+
+    calls = {"n": 0}
+    replay = Program.__call__
+
+    def on_heldout(self: Program, x: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        out = replay(self, x)
+        if calls["n"] == 1:  # the check against the host's own logits, on the recorded random tokens
+            return out
+        if failure == "error":
+            raise RuleViolation(f"the recorded forward pass cannot be replayed (IndexError: index "
+                                f"{int(x[0, 0])} is out of bounds for dimension 0 with size 1)")
+        return out[: int(x[0, 0]) % 3 + 1]
+
+    monkeypatch.setattr(Program, "__call__", on_heldout)
+    (run.workspace / "solution.py").write_text(_tiny("F.relu(h)"))
+    threads = torch.get_num_threads()
+    try:
+        result = get_environment("restricted_mlm").score("mini", run.workspace, run.protected)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.raw is None and calls["n"] == 2
+    expected = scorer.HELDOUT_FAILURE if failure == "error" else "of another shape on held-out text"
+    assert expected in result.message and "index" not in result.message
+    assert not any(c.isdigit() for c in result.message.replace("(16, 128, 4096)", ""))

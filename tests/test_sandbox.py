@@ -256,3 +256,15 @@ def test_agent_processes_are_frozen_while_a_timing_sensitive_scoring_runs(
     row, thawed, later = box.loop.run_until_complete(scenario())  # type: ignore[attr-defined]
     assert row == "row" and seen[0][0] == seen[0][1]  # frozen for the whole scoring
     assert later > thawed  # and running again after it
+
+
+def test_calibration_records_of_the_package_are_hidden(box: OpenRebenchSandbox) -> None:
+    """The records hold the reference's results (and, for scaling_law, values that give the optimum away)."""
+    import openrebench
+
+    envs = Path(openrebench.__file__).parent / "environments"
+    assert list(envs.glob("*/calibration/*.json"))
+    code = (f"import glob; print(len(glob.glob('{envs}/*/calibration/*')), "
+            f"len(glob.glob('{envs}/*/reference/*')))")
+    result = sh(box, f'python -c "{code}"')
+    assert result.stdout.split() == ["0", "0"], result.stdout + result.stderr

@@ -253,3 +253,40 @@ def test_the_reference_procedure_runs_end_to_end_on_a_reduced_grid(sl_home: Path
     flops = SETUP.flops(answer["n_embd"], answer["max_iters"])
     assert SETUP.width_problem(answer["n_embd"], answer=True) is None
     assert abs(flops / SETUP.target_flops - 1) <= SETUP.budget_tolerance
+
+
+def test_failures_against_the_ground_truth_say_nothing_of_it(run: Run,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from openrebench.environments.scaling_law import scorer
+
+    def leaky(self: GroundTruth, n_embd: int) -> float:
+        raise ValueError(f"L_opt is {self.optimum()[1]!r} at n_embd={self.optimum()[0]}")
+
+    monkeypatch.setattr(GroundTruth, "loss_at", leaky)
+    result = score(SPEC, run.workspace, run.protected)
+    assert result.raw is None and result.message == scorer.UNSCORABLE
+    assert repr(TRUTH.optimum()[1]) not in result.model_dump_json()
+
+
+def test_the_constants_live_with_the_hidden_reference() -> None:
+    """The starting answer is public, so its score would give L_opt away: the constants are read from
+    reference/ (masked in sandboxes), and a placeholder stands in where that is unreadable."""
+    from openrebench.environments.scaling_law import env as env_module
+
+    source = Path(env_module.__file__).read_text()
+    for tier in ("mini", "full"):
+        assert repr(ENV.tier(tier).default_constants.start) not in source
+    assert SPEC.default_constants.start == pytest.approx(score_answer_of_start())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(env_module, "__file__", "/nonexistent/env.py")
+        assert env_module.hidden_constants("mini").source.startswith("not readable here")
+
+
+def score_answer_of_start() -> float:
+    from openrebench.environments.scaling_law.scorer import Answer, score_answer
+
+    setup = Setup(**SPEC.params["setup"])
+    n_embd = SPEC.params["start"]["n_embd"]
+    answer = Answer(n_embd=n_embd, max_iters=setup.max_iters_for(n_embd, setup.target_flops),
+                    loss_prediction=SPEC.params["start"]["loss_prediction"])
+    return score_answer(answer, TRUTH)[0]

@@ -4,7 +4,8 @@ Run as root, bubblewrap builds the sandbox with real mounts and the command insi
 unprivileged uid (so it cannot read root-only files even where they are mounted); run as an
 ordinary user, it uses a user namespace and the command keeps that user's rights. Every sandbox
 sees the system and the Python installation read-only, a fresh /proc and /dev, no network unless
-asked, and nothing of the package's reference solutions; the caller adds its own binds.
+asked, and nothing of the package's reference solutions or calibration records; the caller adds its
+own binds.
 """
 
 from __future__ import annotations
@@ -101,12 +102,17 @@ def package_root() -> Path:
     return Path(openrebench.__file__).resolve().parent.parent
 
 
+HIDDEN_ENVIRONMENT_DIRS = ("reference", "calibration")
+
+
 def hidden_package_dirs() -> list[str]:
-    """Reference solutions inside the installed package: masked with an empty tmpfs."""
+    """What the package holds that no sandbox may read, masked with an empty tmpfs: each environment's
+    reference solution (and its ground truths) and its calibration records (the reference's results)."""
     import openrebench
 
     root = Path(openrebench.__file__).resolve().parent
-    return sorted(str(p) for p in root.glob("environments/*/reference") if p.is_dir())
+    return sorted(str(p) for name in HIDDEN_ENVIRONMENT_DIRS for p in root.glob(f"environments/*/{name}")
+                  if p.is_dir())
 
 
 def _traversable_parents(path: str) -> list[str]:

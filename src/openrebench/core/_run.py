@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from ._environment import Environment, NormConstants
 from ._errors import OpenRebenchError
 from ._hardware import Hardware, detect_hardware
-from ._score_log import ScoreRow, read_log
+from ._score_log import ScoreRow, make_reserve, read_log
 
 RUN_FILE = "run.json"
 LOG_FILE = "score_log.jsonl"
@@ -61,6 +61,7 @@ class Run:
         (path / "workspace").mkdir(parents=True)
         (path / "protected").mkdir()
         (path / LOG_FILE).touch()
+        make_reserve(path / LOG_FILE)  # room for a row when the disk fills up
         (path / RUN_FILE).write_text(info.model_dump_json(indent=2) + "\n")
         return cls(path, info)
 

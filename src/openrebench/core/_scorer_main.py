@@ -1,27 +1,65 @@
-"""Entry point of the scorer process: read the config from stdin, score, print one tagged result line."""
+"""Entry point of the scorer process: read the config from stdin, score, print one tagged result line.
+
+First of all the process makes itself non-dumpable: where the harness runs without root, the scorer
+and the solution's processes share a uid, and a dumpable scorer would let the solution read its
+memory, environment and file descriptors through /proc (or ptrace it) and forge the result.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import traceback
 from pathlib import Path
 
-from ._environment import ScoreResult
-from ._scoring import RESULT_TAG
+PR_SET_DUMPABLE = 4
+
+
+def make_non_dumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/{mem,environ,fd} become root's, and ptrace is refused."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
+    """A fixed description of an exception that escaped the environment's scorer, and whether it is
+    the harness's fault. Never the exception's text: it may hold held-out values."""
+    filename = getattr(e, "filename", None)
+    if isinstance(e, OSError) and isinstance(filename, str) and protected and filename.startswith(protected):
+        return ("Invalid: infrastructure failure (a protected file of the run is missing or unreadable), not "
+                "caused by your solution; the details are in this row of the run's score log."), True
+    name = type(e).__name__ if type(e).__module__ == "builtins" else "an exception"
+    return (f"Invalid: the scorer failed with an internal error ({name}) while scoring this solution; the "
+            "details are in this row of the run's score log."), False
 
 
 def main() -> None:
+    dumpable_off = make_non_dumpable()
     config = json.loads(sys.stdin.read())
-    from openrebench.environments import get_environment
+    from ._environment import ScoreResult
+    from ._scoring import RESULT_TAG
 
     try:
+        from openrebench.environments import get_environment
+
         env = get_environment(config["env_id"])
         result = env.score(config["tier"], Path(config["solution"]), Path(config["protected"]))
-    except Exception as e:  # a scorer bug must still give a row, with the traceback in the details
-        result = ScoreResult.invalid(f"Invalid: internal scorer error ({type(e).__name__}: {e}).",
-                                     traceback=traceback.format_exc())
-    sys.stdout.write(f"\n{RESULT_TAG} {config['nonce']} {result.model_dump_json()}\n")
+        if not isinstance(result, ScoreResult):
+            raise TypeError("the scorer returned no ScoreResult")
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: there is always one result line
+        message, infrastructure = failure_message(e, str(config.get("protected", "")))
+        result = ScoreResult.invalid(message, infrastructure=infrastructure, traceback=traceback.format_exc())
+    result.details["scorer_non_dumpable"] = dumpable_off
+    try:
+        line = result.model_dump_json()
+    except Exception as e:  # details that do not serialise must not cost the result line
+        line = ScoreResult.invalid("Invalid: the scorer produced a result that cannot be recorded.",
+                                   error=type(e).__name__).model_dump_json()
+    sys.stdout.write(f"\n{RESULT_TAG} {config['nonce']} {line}\n")
     sys.stdout.flush()
 
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import secrets
-import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psutil
 
@@ -32,40 +34,150 @@ from ._run import Run
 from ._score_log import ScoreRow, append_row
 
 MAX_SNAPSHOT_BYTES = 4 * 1024**3
+MAX_SNAPSHOT_FILES = 200_000
+MAX_SNAPSHOT_DEPTH = 64
 RESULT_TAG = "OPENREBENCH-RESULT"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
+
+
+_REPLACED = "replaced while the snapshot was taken"
+_SKIPPED = {errno.ELOOP: _REPLACED, errno.ENOTDIR: _REPLACED, errno.EISDIR: _REPLACED, errno.ENXIO: _REPLACED,
+            errno.EACCES: "not readable", errno.EPERM: "not readable"}
+
+
+_read = os.read  # how the snapshot reads the agent's files (tests change a file mid-copy here)
+
+
+def _before_open(rel: str) -> None:
+    """Called just before each workspace entry is opened (tests race a swap into that window)."""
+
+
+class _Snapshot:
+    """The state of one copy: the digest, notes, and the limits' counters."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.notes: list[str] = []
+        self.bytes = 0
+        self.files = 0
+
+    def copy_dir(self, src_fd: int, dst_fd: int, rel: str, depth: int) -> None:
+        if depth > MAX_SNAPSHOT_DEPTH:
+            raise OpenRebenchError(f"the workspace is nested deeper than {MAX_SNAPSHOT_DEPTH} folders "
+                                   f"(at {rel})")
+        for name in sorted(os.listdir(src_fd)):
+            path = f"{rel}{name}"
+            try:
+                st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                self.notes.append(f"skipped {path} (removed while the snapshot was taken)")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if name != "__pycache__":
+                    self.copy_subdir(src_fd, dst_fd, name, path, depth)
+            elif stat.S_ISREG(st.st_mode):
+                self.copy_file(src_fd, dst_fd, name, path)
+            else:
+                self.notes.append(f"skipped {'link' if stat.S_ISLNK(st.st_mode) else 'special file'} {path}")
+
+    def copy_subdir(self, src_fd: int, dst_fd: int, name: str, path: str, depth: int) -> None:
+        self.count()
+        _before_open(path)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=src_fd)
+        except FileNotFoundError:
+            self.notes.append(f"skipped {path}/ (removed while the snapshot was taken)")
+            return
+        except OSError as e:  # ELOOP/ENOTDIR: replaced by a link or a file since it was listed
+            if e.errno in _SKIPPED:
+                self.notes.append(f"skipped {path} ({_SKIPPED[e.errno]})")
+                return
+            raise
+        try:
+            os.mkdir(name, 0o755, dir_fd=dst_fd)
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dst_fd)
+            try:
+                self.copy_dir(fd, sub, f"{path}/", depth + 1)
+            finally:
+                os.close(sub)
+        finally:
+            os.close(fd)
+
+    def count(self) -> None:
+        self.files += 1
+        if self.files > MAX_SNAPSHOT_FILES:
+            raise OpenRebenchError(f"the workspace holds more than {MAX_SNAPSHOT_FILES:,} files and folders")
+
+    def copy_file(self, src_fd: int, dst_fd: int, name: str, path: str) -> None:
+        self.count()
+        _before_open(path)
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=src_fd)
+        except FileNotFoundError:
+            self.notes.append(f"skipped {path} (removed while the snapshot was taken)")
+            return
+        except OSError as e:  # ELOOP: now a link; ENXIO: now a socket
+            if e.errno in _SKIPPED:
+                self.notes.append(f"skipped {path} ({_SKIPPED[e.errno]})")
+                return
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device swapped in after the listing
+                self.notes.append(f"skipped {path} (replaced while the snapshot was taken)")
+                return
+            os.set_blocking(fd, True)
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                          dir_fd=dst_fd)
+            self.digest.update(os.fsencode(path) + b"\0")
+            copied = 0
+            try:
+                while block := _read(fd, 1 << 20):
+                    copied += len(block)
+                    self.bytes += len(block)
+                    if self.bytes > MAX_SNAPSHOT_BYTES:
+                        raise OpenRebenchError(f"the workspace is over the {MAX_SNAPSHOT_BYTES >> 30} GiB "
+                                               "snapshot limit")
+                    self.digest.update(block)
+                    view = memoryview(block)
+                    while view:
+                        view = view[os.write(out, view):]
+            finally:
+                os.close(out)
+            if copied != st.st_size or os.fstat(fd).st_size != st.st_size:
+                raise OpenRebenchError(f"{path} changed while the snapshot was taken (stop whatever writes "
+                                       "to it, then score again)")
+        finally:
+            os.close(fd)
 
 
 def snapshot_workspace(workspace: Path, dest: Path) -> tuple[str, list[str]]:
-    """Copy regular files and folders of `workspace` into `dest`; skip links (they could point into
-    protected data). Returns a sha256 over paths and contents, and notes on what was skipped."""
-    digest = hashlib.sha256()
-    notes: list[str] = []
-    total = 0
+    """Copy the regular files and folders of `workspace` into `dest`; returns a sha256 over paths and
+    contents, and notes on what was skipped.
+
+    The walk holds a file descriptor for each folder and opens every entry relative to it without
+    following links, and copies only what fstat of the opened descriptor says is a regular file: a
+    link, FIFO or device swapped in at any moment is skipped (never followed, never blocks), and a
+    folder renamed mid-walk cannot lead outside the workspace. A file that vanishes is skipped with a
+    note; one that changes size while copied, or breaking a limit, raises OpenRebenchError.
+    """
     dest.mkdir(parents=True, exist_ok=True)
-    for root, dirs, files in os.walk(workspace):
-        rel_root = Path(root).relative_to(workspace)
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for d in list(dirs):
-            if (Path(root) / d).is_symlink():
-                notes.append(f"skipped link {rel_root / d}")
-                dirs.remove(d)
-            else:
-                (dest / rel_root / d).mkdir(exist_ok=True)
-        for name in sorted(files):
-            src = Path(root) / name
-            rel = rel_root / name
-            if src.is_symlink() or not src.is_file():
-                notes.append(f"skipped {'link' if src.is_symlink() else 'special file'} {rel}")
-                continue
-            total += src.stat().st_size
-            if total > MAX_SNAPSHOT_BYTES:
-                raise OpenRebenchError(f"workspace is over the {MAX_SNAPSHOT_BYTES >> 30} GiB snapshot limit")
-            shutil.copyfile(src, dest / rel)
-            digest.update(str(rel).encode() + b"\0")
-            with open(dest / rel, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest(), notes
+    snap = _Snapshot()
+    try:
+        src = os.open(workspace, _DIR_FLAGS)
+    except OSError as e:
+        raise OpenRebenchError(f"the workspace cannot be opened as a folder ({os.strerror(e.errno or 0)})") \
+            from None
+    try:
+        dst = os.open(dest, _DIR_FLAGS)
+        try:
+            snap.copy_dir(src, dst, "", 0)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return snap.digest.hexdigest(), snap.notes
 
 
 def _tree_rss(proc: psutil.Process) -> int:
@@ -213,48 +325,117 @@ def scoring_sandbox_default() -> bool:
     return os.environ.get("OPENREBENCH_SCORE_SANDBOX", "1") != "0" and bwrap_usable() is None
 
 
+PROTECTED_MANIFEST = "protected_manifest.json"
+
+
+def infrastructure_failure(what: str, **details: Any) -> ScoreResult:
+    """An invalid result that is the harness's fault, not the solution's, said in one line."""
+    return ScoreResult.invalid(f"Invalid: infrastructure failure ({what}), not caused by your solution; "
+                               "the details are in this row of the run's score log.",
+                               infrastructure=True, **details)
+
+
+def _record_protected(run: Run) -> None:
+    """Sizes of the protected files at set-up, so that a scoring can tell they are gone or changed."""
+    sizes = {str(p.relative_to(run.protected)): p.stat().st_size
+             for p in sorted(run.protected.rglob("*")) if p.is_file()}
+    (run.path / PROTECTED_MANIFEST).write_text(json.dumps(sizes, indent=1) + "\n")
+
+
+def _protected_problem(run: Run) -> str | None:
+    manifest = run.path / PROTECTED_MANIFEST
+    if not manifest.is_file():
+        return None if run.protected.is_dir() else "the run's protected folder is missing"
+    try:
+        sizes = json.loads(manifest.read_text())
+        for rel, size in sizes.items():
+            if (run.protected / rel).stat().st_size != size:
+                return f"the protected file {rel} has changed since set-up"
+    except FileNotFoundError as e:
+        return f"the protected file {Path(e.filename or '?').name} is missing"
+    except (OSError, ValueError, AttributeError) as e:
+        return f"the protected files cannot be checked ({type(e).__name__})"
+    return None
+
+
+def _classify(result: ScoreResult) -> ScoreResult:
+    """A scorer that never started (bubblewrap or Python could not start it) is the harness's fault."""
+    if result.raw is not None or result.details.get("scorer_exit_code") != 1:
+        return result
+    stderr = str(result.details.get("scorer_stderr", ""))
+    if stderr.lstrip().startswith("bwrap:"):
+        return infrastructure_failure("the scoring sandbox could not start", **result.details)
+    if "_scorer_main" in stderr and ("No module named" in stderr or "Error while finding module" in stderr):
+        return infrastructure_failure("the scorer process could not start", **result.details)
+    return result
+
+
+def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
+                    devices: Sequence[str] | None) -> tuple[ScoreResult, str, list[str]]:
+    from openrebench.environments import get_environment
+
+    env = get_environment(run.info.env_id)
+    tier = env.tier(run.info.tier)
+    with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-", ignore_cleanup_errors=True) as tmp:
+        snapshot = Path(tmp) / "solution"
+        try:
+            sha, notes = snapshot_workspace(run.workspace, snapshot)
+        except OpenRebenchError as e:
+            return ScoreResult.invalid(f"Invalid: {e}."), "", []
+        problem = _protected_problem(run)
+        if problem:
+            return infrastructure_failure(problem), sha, notes
+        if sandboxed is None:
+            sandboxed = scoring_sandbox_default()
+        if devices is None:
+            devices = all_gpu_nodes() if tier.device == "cuda" else []
+        result = run_scorer(env.id, tier.name, snapshot, run.protected,
+                            timeout_s=timeout_s or tier.score_timeout_s,
+                            memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices)
+    return _classify(result), sha, notes
+
+
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
               charged: bool = True, timeout_s: float | None = None, elapsed_s: float | None = None,
               sandboxed: bool | None = None, devices: Sequence[str] | None = None) -> ScoreRow:
-    """Score the run's current workspace and append the row to its score log.
+    """Score the run's current workspace and append the row to its score log: exactly one row, whatever
+    the solution or the harness did (a harness exception becomes an infrastructure row, re-raised
+    afterwards only if it was an interruption).
 
     `timeout_s` overrides the tier's scoring time limit (tests use it to stop hanging solutions fast);
     `elapsed_s` is the working time to log (the harness's clock; default: wall-clock since the start);
     `sandboxed` defaults to `scoring_sandbox_default()`; `devices` are the GPU nodes the scorer may
     use (default: all of them, for tiers that need a GPU).
     """
-    from openrebench.environments import get_environment
-
-    env = get_environment(run.info.env_id)
-    tier = env.tier(run.info.tier)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-") as tmp:
-        snapshot = Path(tmp) / "solution"
-        try:
-            sha, notes = snapshot_workspace(run.workspace, snapshot)
-        except OpenRebenchError as e:
-            sha, notes = "", []
-            result = ScoreResult.invalid(f"Invalid: {e}.")
-        else:
-            if sandboxed is None:
-                sandboxed = scoring_sandbox_default()
-            if devices is None:
-                devices = all_gpu_nodes() if tier.device == "cuda" else []
-            result = run_scorer(env.id, tier.name, snapshot, run.protected,
-                                timeout_s=timeout_s or tier.score_timeout_s,
-                                memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices)
-    if notes:
-        result.details["snapshot_notes"] = notes
-    result.details["normalisation"] = run.info.constants.model_dump()
-    row = ScoreRow(
-        index=0, timestamp=datetime.now(UTC),
-        elapsed_s=run.elapsed_s() if elapsed_s is None else elapsed_s, kind=kind, charged=charged,
-        raw=result.raw, normalised=normalise(result.raw, run.info.constants), message=result.message,
-        details=result.details, solution_sha256=sha, duration_s=time.monotonic() - started,
-    )
-    return append_row(run.score_log_path, row)
-
-
+    sha, notes, interrupted = "", [], None
+    try:
+        result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices)
+    except BaseException as e:  # the harness's own failure: still one row
+        interrupted = None if isinstance(e, Exception) else e
+        what = "scoring was interrupted" if interrupted else "the harness failed while scoring"
+        result = infrastructure_failure(what, error=f"{type(e).__name__}: {e}",
+                                        traceback=traceback.format_exc()[-4000:])
+    try:
+        if notes:
+            result.details["snapshot_notes"] = notes[:200]
+        result.details["normalisation"] = run.info.constants.model_dump()
+        normalised = normalise(result.raw, run.info.constants)
+        elapsed = run.elapsed_s() if elapsed_s is None else elapsed_s
+        row = ScoreRow(index=0, timestamp=datetime.now(UTC), elapsed_s=elapsed, kind=kind, charged=charged,
+                       raw=result.raw, normalised=normalised, message=result.message, details=result.details,
+                       solution_sha256=sha, duration_s=time.monotonic() - started)
+        row.model_dump_json()  # details that cannot be written must not cost the row
+    except Exception as e:
+        row = ScoreRow(index=0, timestamp=datetime.now(UTC), elapsed_s=elapsed_s or 0.0, kind=kind,
+                       charged=charged, raw=None, normalised=None,
+                       message=infrastructure_failure("the harness could not record the result").message,
+                       details={"infrastructure": True, "error": f"{type(e).__name__}: {e}"},
+                       solution_sha256=sha, duration_s=time.monotonic() - started)
+    row = append_row(run.score_log_path, row)
+    if interrupted is not None:
+        raise interrupted
+    return row
 
 
 def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None, score_start: bool = True,
@@ -270,6 +451,7 @@ def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None, sc
     run = Run.create(env, tier, path, seed=seed)
     env.build_assets(tier, cache_dir())
     env.setup_run(tier, run.workspace, run.protected, cache_dir())
+    _record_protected(run)
     row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices) \
         if score_start else None
     run.mark_started()

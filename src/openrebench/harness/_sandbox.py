@@ -56,6 +56,8 @@ from openrebench.environments import get_environment
 from . import _score_client
 
 MAX_OUTPUT = 10 * 1024 * 1024
+MAX_REQUEST = 4096  # bytes of one request line on the scoring socket
+REQUEST_TIMEOUT_S = 30.0
 WORKSPACE = "/workspace"
 HARNESS_DIR = "/run/openrebench"
 HOME = "/home/agent"
@@ -278,25 +280,45 @@ class OpenRebenchSandbox(SandboxEnvironment):
         return self.run.describe(row, self.config.time_limit_s)
 
     async def _start_server(self) -> None:
+        """The scoring service: every connection gets exactly one one-line JSON answer, whatever it
+        sent (garbage, an oversized or unfinished request) and whatever scoring did."""
         sock = self.harness_dir / "run" / "score.sock"
+
+        async def answer(reader: asyncio.StreamReader) -> str:
+            try:
+                line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
+                request = json.loads(line or b"{}")
+            except TimeoutError:
+                return f"malformed request (no complete line within {REQUEST_TIMEOUT_S:g} s)"
+            except (ValueError, UnicodeDecodeError, RecursionError):  # LimitOverrunError is a ValueError
+                return f"malformed request (one JSON line of at most {MAX_REQUEST} bytes expected)"
+            op = request.get("op") if isinstance(request, dict) else None
+            if op == "score":
+                try:
+                    return self.describe(await self.score())
+                except Exception:
+                    logger.exception("scoring over the socket failed")
+                    return ("Invalid: infrastructure failure (the harness failed while scoring), not caused "
+                            "by your solution; the details are in the harness's log.")
+            if op == "log":
+                try:
+                    return format_log(self.run)
+                except Exception:
+                    logger.exception("reading the score log failed")
+                    return "the score log cannot be read right now (infrastructure failure)"
+            return "unknown request (expected op 'score' or 'log')"
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                request = json.loads(await reader.readline() or b"{}")
-                op = request.get("op") if isinstance(request, dict) else None
-                if op == "score":
-                    text = self.describe(await self.score())
-                elif op == "log":
-                    text = format_log(self.run)
-                else:
-                    text = "unknown request"
-            except (ValueError, UnicodeDecodeError):
-                text = "malformed request"
-            writer.write(json.dumps({"text": text}).encode())
-            await writer.drain()
-            writer.close()
+                text = await answer(reader)
+                writer.write(json.dumps({"text": text}).encode())
+                await writer.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass  # the client went away: nothing to answer to
+            finally:
+                writer.close()
 
-        self.server = await asyncio.start_unix_server(handle, path=str(sock))
+        self.server = await asyncio.start_unix_server(handle, path=str(sock), limit=MAX_REQUEST)
         sock.chmod(0o777)
 
     # -- the agent's side ----------------------------------------------------------------------------

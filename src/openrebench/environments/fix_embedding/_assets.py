@@ -1,11 +1,17 @@
-"""Assets of fix_embedding: the data (in the tier's vocabulary), the large and the small model, the
-permutation, and the reference fix. All built once per machine, deterministic from the tier's
-seeds, cached under `<cache>/lm/` with manifests."""
+"""Assets of fix_embedding: the data (in the tier's vocabulary), the large and the small model, a
+permuted large model for the reference, and the reference fix. All built once per machine,
+deterministic from the tier's seeds, cached under `<cache>/lm/` with manifests.
+
+The agent's permuted model is not one of them: every run draws its own secret permutation at set-up
+(`write_permuted`), so no seed the agent can read (the reference's is in env.py) tells it the answer.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import secrets
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +75,7 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
 
     def permute(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         model = large.load()
-        g = torch.Generator().manual_seed(p["permutation_seed"])
+        g = torch.Generator().manual_seed(p["reference_permutation_seed"])
         perm = torch.randperm(model.config.vocab_size, generator=g)
         with torch.no_grad():  # row i of the new matrix is the old row perm[i]; lm_head is tied
             model.transformer.wte.weight.copy_(model.transformer.wte.weight[perm])
@@ -77,7 +83,7 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
         return {"large": str(large.path)}, {}
 
     permuted = cached_build(permuted_dir, what=f"model:fixemb-{spec.name}-permuted",
-                            builder_version=BUILDER_VERSION, seed=p["permutation_seed"],
+                            builder_version=BUILDER_VERSION, seed=p["reference_permutation_seed"],
                             params={"large": large.manifest.key()}, build=permute)
     del permuted
 
@@ -98,6 +104,20 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
                          "small": small.manifest.key(), "large": large.manifest.key()}, build=fix)
     return Assets(data=data, large=large.path, small=small.path, permuted=permuted_dir / "model",
                   reference=reference_dir / "model")
+
+
+def write_permuted(large: Path, dest: Path) -> None:
+    """The large model with its embedding rows (and so the tied output layer) permuted by a fresh
+    permutation from the system's secure random source: drawn here, used once, kept nowhere."""
+    model = load_model(large)
+    rng = np.random.default_rng(secrets.randbits(128))
+    perm = torch.from_numpy(rng.permutation(model.config.vocab_size))
+    with torch.no_grad():  # row i of the new matrix is the old row perm[i]
+        model.transformer.wte.weight.copy_(model.transformer.wte.weight[perm])
+    del perm, rng
+    with tempfile.TemporaryDirectory(prefix="openrebench-permuted-") as tmp:
+        save_checkpoint(Path(tmp) / "model", model, meta={"name": "large model, embedding permuted"})
+        copy_model(Path(tmp) / "model", dest)
 
 
 def _sha(path: Path) -> str:

@@ -1,5 +1,6 @@
 """Scoring fix_embedding: load the agent's weights (no agent code runs), check the architecture,
-measure the loss on held-out tokens the agent never sees. Score ln(loss - 1.5), lower is better."""
+measure the loss on held-out tokens the agent never sees. Score ln(loss - 1.5), lower is better.
+Messages about the held-out evaluation are fixed texts: nothing of the held-out tokens reaches the agent."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from openrebench.core import ScoreResult, TierSpec
 from openrebench.lm import GPT, GPTConfig, evaluate
 
 TIED = "lm_head.weight"
+HELDOUT_FAILURE = "Invalid: evaluating the model on the held-out text failed."
 
 
 def load_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -63,8 +65,11 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
     model.load_state_dict({k: v.float() for k, v in weights.items() if k != TIED}, strict=False)
     device = "cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu"
     model.to(device)
-    loss = evaluate(model, protected / "heldout.bin", batches=p["eval_batches"],
-                    batch_size=p["eval_batch_size"], block_size=config.block_size, seed=p["eval_seed"])
+    try:
+        loss = evaluate(model, protected / "heldout.bin", batches=p["eval_batches"],
+                        batch_size=p["eval_batch_size"], block_size=config.block_size, seed=p["eval_seed"])
+    except Exception as e:  # a fixed description only: the error's text could quote held-out tokens
+        return ScoreResult.invalid(HELDOUT_FAILURE, error_type=type(e).__name__)
     if not math.isfinite(loss):
         return ScoreResult.invalid("Invalid: the held-out loss is not finite.")
     raw = math.log(max(loss - 1.5, 1e-6))

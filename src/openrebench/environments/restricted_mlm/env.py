@@ -34,14 +34,25 @@ from typing import Any, ClassVar
 
 from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
 
+TRAINING_FILE = "training.json"
+
+def reference_training(tier: str) -> dict[str, Any]:
+    """How the asset builder trains the reference, kept in reference/training.json: the settings describe
+    the reference's architecture, and reference/ is masked in every sandbox (where nothing needs them)."""
+    try:
+        values = json.loads((Path(__file__).parent / "reference" / TRAINING_FILE).read_text())[tier]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {k: v for k, v in values.items() if k != "note"}
+
+
 MINI: dict[str, Any] = {
     # 4,094 most frequent GPT-2 tokens of the training text, then UNK and MASK
     "corpus": "mini", "vocab_size": 4096, "unk_id": 4094, "mask_id": 4095, "seq_len": 128, "mask_prob": 0.15,
     "eval_batch_size": 16, "eval_batches": 24, "setup_timeout_s": 120, "max_graph_gb": 2, "torch_threads": 1,
     "train_start": {"max_iters": 300, "batch_size": 16, "embed_dim": 32, "hidden": 512, "out_dim": 8,
                     "lr": 1e-3, "seed": 0, "threads": 1},
-    "train_reference": {"max_iters": 600, "batch_size": 32, "dim": 96, "layers": 4, "kernel": 5,
-                        "expansion": 2, "bigrams": True, "lr": 3e-3, "seed": 0, "threads": 1},
+    "train_reference": reference_training("mini"),
 }
 
 FULL: dict[str, Any] = {
@@ -52,11 +63,7 @@ FULL: dict[str, Any] = {
     # the paper's starting model and its training (embedding 256, two layers of 2048, 500 steps of 16)
     "train_start": {"max_iters": 500, "batch_size": 16, "embed_dim": 256, "hidden": 2048, "out_dim": 16,
                     "lr": 1e-3, "seed": 0},
-    # the paper's reference convolution (512 wide, 6 layers, kernel 7); its bigram tables would be two
-    # 50,257 x 50,257 matrices (10 GB in fp16), so the full reference is the convolution alone, trained
-    # for 12,000 steps of 64 with bf16 autocast (2.7 minutes on an H200)
-    "train_reference": {"max_iters": 12000, "batch_size": 64, "dim": 512, "layers": 6, "kernel": 7,
-                        "expansion": 2, "bigrams": False, "lr": 1e-3, "warmup_iters": 500, "seed": 0},
+    "train_reference": reference_training("full"),
 }
 
 PAPER = NormConstants(start=math.log(7.64 - 1.5), reference=math.log(4.6 - 1.5),
@@ -135,7 +142,8 @@ class RestrictedMLM(Environment):
         if tier is None:
             raise ValueError("restricted_mlm's reference depends on the tier (weights are trained per tier)")
         assets = build(self.tier(tier), cache_dir())
-        return [*super().reference_files(tier), (assets.reference / "model.pt", "model.pt")]
+        files = [f for f in super().reference_files(tier) if f[1] != TRAINING_FILE]
+        return [*files, (assets.reference / "model.pt", "model.pt")]
 
     def install_reference(self, workspace: Path, tier: str | None = None) -> None:
         super().install_reference(workspace, self._tier_of(workspace, tier))

@@ -7,6 +7,7 @@ allow-list, no float-to-integer flow, no writes to the input or the constants) a
 windows of the held-out tokens, drawn from a fresh seed for every scoring; the masked-LM loss is
 computed here from the logits the graph gives. A sample of the host's own logits is compared with
 the replay, so a forward pass that computes anything the recording missed is reported as such.
+Whatever fails on held-out text is reported as a fixed text, without the error's values.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from ._wire import receive_blob
 HOST_MODULE = "openrebench.environments.restricted_mlm._host"
 CHECK_ROWS = 64
 LOSS_FLOOR = 1.5  # the score is ln(loss - 1.5), as in the paper
+# What the agent is told when the replay on held-out text fails: fixed texts, never the error's own
+# (an operator's error can quote an index or a value of the held-out tokens).
+HELDOUT_FAILURE = ("Invalid: the recorded forward pass failed when replayed on held-out text (an operator "
+                   "raised an error on those inputs, though not on the random tokens it was recorded on).")
+HELDOUT_SHAPE = ("Invalid: the forward pass gives logits of another shape on held-out text; expected "
+                 "{expected}.")
 
 
 def masked_batch(tokens: np.ndarray, batch: int, length: int, mask_prob: float, mask_id: int,
@@ -142,13 +149,12 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
                                              generator)
             logits = program(x.to(device))
             if tuple(logits.shape) != (batch, length, vocab):
-                raise RuleViolation(f"the forward pass gives logits of shape {tuple(logits.shape)} on "
-                                    f"held-out text; expected {(batch, length, vocab)}")
+                return ScoreResult.invalid(HELDOUT_SHAPE.format(expected=(batch, length, vocab)), seed=seed)
             mask = mask.to(device)
             total += float(F.cross_entropy(logits[mask].float(), original.to(device)[mask], reduction="sum"))
             count += int(mask.sum())
-    except RuleViolation as e:
-        return ScoreResult.invalid(f"Invalid: {e}.", seed=seed)
+    except Exception as e:  # a fixed description: the error's text may quote held-out tokens
+        return ScoreResult.invalid(HELDOUT_FAILURE, seed=seed, error_type=type(e).__name__)
     loss = total / max(count, 1)
     details = {**info, "loss": loss, "masked_tokens": count, "sequences": batch * int(p["eval_batches"]),
                "seed": seed, "record_s": recorded - started, "eval_s": time.perf_counter() - recorded}
