@@ -210,11 +210,14 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
         x = fresh_input(size, low, high, device)
         return x, expected_output(x)
 
-    buffers = CudaInput(n, device) if device.type == "cuda" else CpuInput(n)
+    # On a GPU the host starts first: it imports torch while this process initialises CUDA.
+    buffers: CpuInput | CudaInput | None = CpuInput(n) if device.type == "cpu" else None
     session: _Session | None = None
     try:
         with SolutionProcess(HOST_MODULE, solution,
                              pass_fds=(buffers.fd,) if isinstance(buffers, CpuInput) else ()) as host:
+            if buffers is None:
+                buffers = CudaInput(n, device)
             session = _Session(host, buffers, device, n, timeout, float(p["setup_timeout_s"]))
             # The protocol's own cost, measured before the solution exists: the identity's output is
             # its input.
@@ -235,7 +238,8 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
     finally:
         if session is not None:
             session.close()
-        buffers.close()
+        if buffers is not None:
+            buffers.close()
     return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:])
 
 
