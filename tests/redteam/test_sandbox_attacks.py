@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -74,18 +75,35 @@ def test_ground_truth_in_installed_metadata_or_docs(box: OpenRebenchSandbox) -> 
 
     roots = f"{sys.prefix}/lib/python*/site-packages/openrebench*.dist-info {package_root()}/openrebench"
     pattern = " -e ".join(_ground_truth_values())
-    result = sh(box, f"grep -rIl -e {pattern} {roots} 2>/dev/null | head -5")
+    # the paper's own results (analysis/data) are public and full of 3-decimal numbers
+    result = sh(box, f"grep -rIl --exclude-dir=data -e {pattern} {roots} 2>/dev/null | head -5")
     assert result.stdout.strip() == "", f"attack works: the hidden optimum is readable in {result.stdout}"
 
 
 @pytest.mark.attack(env="fix_embedding", cls="secret in package source")
-def test_permutation_seed_readable_in_env_py(box: OpenRebenchSandbox) -> None:
-    """Read fix_embedding's permutation seed from the installed env.py (then invert the permutation)."""
-    from openrebench.environments import get_environment
+def test_permutation_seed_readable_in_env_py(tmp_path: Path) -> None:
+    """Invert the workspace model's permutation with the seed env.py shows (as the agent would)."""
+    import torch
 
-    env_py = get_environment("fix_embedding").root / "env.py"
-    result = sh(box, f"grep -n permutation_seed {env_py}")
-    assert result.stdout.strip() == "", f"attack works: {result.stdout.strip()[:200]}"
+    from openrebench.environments import get_environment
+    from openrebench.environments.fix_embedding._assets import write_permuted
+    from openrebench.lm import GPT, GPTConfig, load_model, save_checkpoint
+
+    seed = int(get_environment("fix_embedding").tier("mini").params["reference_permutation_seed"])
+    torch.manual_seed(0)
+    original = GPT(GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=1, n_embd=8))
+    save_checkpoint(tmp_path / "large", original)
+    recovered = []
+    for i in range(2):
+        write_permuted(tmp_path / "large", tmp_path / f"workspace{i}")
+        wte = load_model(tmp_path / f"workspace{i}").transformer.wte.weight.detach()
+        perm = torch.randperm(64, generator=torch.Generator().manual_seed(seed))
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(64)
+        recovered.append(wte[inverse])
+    want = original.transformer.wte.weight.detach()
+    assert not any(torch.equal(r, want) for r in recovered), "attack works: the seed inverts the permutation"
+    assert not torch.equal(recovered[0], recovered[1]), "attack works: two runs share one permutation"
 
 
 @pytest.mark.attack(env="sandbox", cls="/proc snooping")
@@ -200,8 +218,11 @@ def test_scoring_sandbox_protected_data_through_proc(box: OpenRebenchSandbox) ->
 
 
 @pytest.mark.attack(env="sandbox", cls="agent processes during scoring")
-def test_agent_processes_are_frozen_while_scoring(box: OpenRebenchSandbox) -> None:
-    """A busy loop the agent keeps running in its own sandbox while `score` times the solution."""
+def test_agent_processes_are_frozen_while_scoring(box: OpenRebenchSandbox,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy loop the agent keeps running in its own sandbox while `score` times the solution (the
+    box's environment is made a timing one here: only those freeze the agent)."""
+    monkeypatch.setattr(type(get_environment(ENV)), "timing_sensitive", True)
     (box.run.workspace / "solution.py").write_text("import time\ntime.sleep(5)\nraise SystemExit('done')\n")
     beat = box.run.workspace / "beat"
     burner = call(box, asyncio.sleep(0), 5) or asyncio.run_coroutine_threadsafe(

@@ -117,14 +117,17 @@ def test_file_vanishing_during_the_copy(tmp_path: Path) -> None:
 
 @pytest.mark.attack(env=ENV, cls="links in the workspace")
 def test_links_and_special_files_are_not_followed(tmp_path: Path) -> None:
-    """Links to protected files and folders, a FIFO and a hard link to a protected file in the workspace."""
+    """Links to protected files and folders and a FIFO in the workspace. (A hard link is copied as its
+    content: the agent cannot make one to protected data, which is never mounted in its sandbox.)"""
     ws, protected = _workspace(tmp_path)
     (ws / "link.txt").symlink_to(protected / "f1.txt")
     (ws / "linkdir").symlink_to(protected)
     os.mkfifo(ws / "pipe")
-    os.link(protected / "f2.txt", ws / "hard.txt")
+    (ws / "mine.txt").write_text("mine")
+    os.link(ws / "mine.txt", ws / "hard.txt")
     dest = tmp_path / "snap"
     snapshot_workspace(ws, dest)
     leaked = [str(f.relative_to(dest)) for f in dest.rglob("*") if f.is_file() and SECRET in f.read_bytes()]
     assert not any((dest / name).exists() for name in ("link.txt", "linkdir", "pipe"))
-    assert leaked == [], f"attack works: hard link copied protected data ({leaked})"
+    assert leaked == [], f"attack works: protected data copied ({leaked})"
+    assert (dest / "hard.txt").read_text() == "mine"
