@@ -5,12 +5,14 @@ It holds no input, seed or answer before a call: it maps the scorer's input buff
 output buffer), answers baseline calls with a built-in function before the import, then calls
 `prefix_sum` on the shared input for each request. On the CPU it replies with the address of the
 result (the scorer reads it from this process's memory once every solution process is paused); on
-CUDA it synchronises the device and lends the scorer the allocation holding the result (CUDA IPC), which
-the scorer compares in place. The times it reports are shown to the agent as details only.
+CUDA it lends the scorer the allocation holding the result (CUDA IPC) and records an event the scorer
+shares after the call's work, without waiting for the device: the scorer's comparison of the result in
+place waits for that event. The times it reports are shown to the agent as details only.
 """
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import sys
 import time
@@ -64,8 +66,10 @@ def _import_solution(solution_dir: Path) -> tuple[Callable[[torch.Tensor], objec
 
 
 def _serve(channel: HostChannel, fn: Callable[[torch.Tensor], object], x_buf: torch.Tensor,
-           solution_dir: Path) -> str | None:
-    """Answer calls until another op arrives; returns that op (None after an error was sent)."""
+           solution_dir: Path, done: torch.cuda.Event | None = None) -> str | None:
+    """Answer calls until another op arrives; returns that op (None after an error was sent). On CUDA
+    the reply goes out without waiting for the device: `done`, an event shared with the scorer, is
+    recorded after the call's work on the current stream, and the scorer's comparison waits for it."""
     cuda = x_buf.device.type == "cuda"
     held: list[torch.Tensor] = []  # the last result, alive until the scorer has read it
     while True:
@@ -93,13 +97,13 @@ def _serve(channel: HostChannel, fn: Callable[[torch.Tensor], object], x_buf: to
             held.append(y)
             channel.send({"addr": y.data_ptr(), "host_ms": (time.perf_counter() - t0) * 1e3})
             continue
-        torch.cuda.synchronize()  # the whole device: work on side streams counts too
         try:
             where = export_result(y)
         except CudaIpcError:  # memory this process cannot lend (e.g. the input itself): a copy it owns
             y = y.clone()
-            torch.cuda.synchronize()
             where = export_result(y)
+        assert done is not None
+        done.record()
         held.append(y)
         channel.send({"cuda": where, "host_ms": (time.perf_counter() - t0) * 1e3})
 
@@ -130,14 +134,16 @@ def main() -> None:
     setup = channel.receive()
     n = int(setup["n"])
     device = torch.device(setup["device"])
+    done = None
     if device.type == "cuda":
         x_buf = CudaInput.open(setup["cuda"], device)
+        done = torch.cuda.Event(interprocess=True)
     else:
         x_buf = CpuInput.open(int(setup["fd"]), n)
         # Start torch's worker threads now, so the baseline pauses as many threads as a solution has.
         torch.ones(1 << 20, dtype=torch.int64).sum()
-    channel.send({"hello": True})
-    if _serve(channel, _baseline(device, n), x_buf, solution_dir) != "import":
+    channel.send({"hello": True, **({"event": base64.b64encode(done.ipc_handle()).decode()} if done else {})})
+    if _serve(channel, _baseline(device, n), x_buf, solution_dir, done) != "import":
         return
     start = time.perf_counter()
     fn, problem = _import_solution(solution_dir)
@@ -145,7 +151,7 @@ def main() -> None:
         channel.send({"error": problem})
         return
     channel.send({"ready": True, "import_s": time.perf_counter() - start})
-    _serve(channel, fn, x_buf, solution_dir)
+    _serve(channel, fn, x_buf, solution_dir, done)
 
 
 if __name__ == "__main__":

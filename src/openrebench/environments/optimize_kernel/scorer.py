@@ -16,6 +16,7 @@ Figures from the host are details only.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import math
@@ -79,7 +80,13 @@ class _Session:
         # busy machine the clock then stops sooner after the call, and the baseline shows the same.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, -10)
-        host.receive(setup_timeout, "opening the scorer's buffers")
+        hello = host.receive(setup_timeout, "opening the scorer's buffers")
+        self.done: torch.cuda.Event | None = None
+        if self.gpu is not None:
+            try:
+                self.done = torch.cuda.Event.from_ipc_handle(device, base64.b64decode(hello["event"]))
+            except (KeyError, TypeError, ValueError, RuntimeError):
+                raise SolutionError("the solution host did not share its completion event") from None
         if not self.cuda:
             # Opened while the host is still ours: reading its memory later needs no further permission.
             self.mem_fd = os.open(f"/proc/{host.proc.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
@@ -116,8 +123,11 @@ class _Session:
                 got = self.results.view(reply, m)
             except (CudaIpcError, ValueError) as e:
                 raise SolutionError(f"the result of prefix_sum could not be read ({e})") from None
-            # Compared in place, inside the window: the comparison queues behind whatever work the host
-            # left running on the device, so replying early gains nothing.
+            # Compared in place, inside the window, after the host's event: replying before the work is
+            # done gains nothing (no process waits for the device before the comparison, honest or not),
+            # and work the event does not cover is still running when the result is read.
+            assert self.done is not None
+            self.done.wait()
             correct = _same(got, want)
             ms = (time.perf_counter() - t0) * 1e3
             if not _same(shared_in, x):

@@ -1,0 +1,94 @@
+"""optimize_kernel on a GPU: honest and hostile solutions scored through the real pipeline.
+
+Each case is scored `--repeats` times (sandboxed wherever bubblewrap starts), interleaved: the start,
+the reference, and attacks on the CUDA protocol (the reference with torch.cuda.synchronize patched
+away; the same on a side stream, so that the host's completion event covers none of the work; a
+solution returning its input). Prints per case the median score, the median of the scorer's raw
+windows and of the subtracted overhead, and the wall time per scoring; writes everything as JSON.
+
+    python benchmarks/optimize_kernel_gpu_checks.py --repeats 6 \
+        --out benchmarks/results/optimize_kernel_full_h200_checks.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from openrebench.core import detect_hardware, score_run, start_run
+from openrebench.environments import get_environment
+
+PATCH_SYNC = "import torch\ntorch.cuda.synchronize = lambda *a, **k: None\n"
+SIDE_STREAM = """
+_side = torch.cuda.Stream()
+
+
+def prefix_sum(x):
+    _side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(_side):
+        return _reference(x)
+"""
+
+
+def cases(reference: str, start: str) -> dict[str, str]:
+    head, sep, rest = reference.partition("from __future__ import annotations\n")
+    patched = head + sep + PATCH_SYNC + rest
+    side = patched.replace("def prefix_sum(", "def _reference(") + SIDE_STREAM
+    return {"start": start, "reference": reference, "reference, synchronize patched away": patched,
+            "reference on a side stream, synchronize patched away": side,
+            "returns its input": "def prefix_sum(x):\n    return x\n"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    env = get_environment("optimize_kernel")
+    root = env.root
+    codes = cases((root / "reference" / "solution.py").read_text(),
+                  (root / "starting" / "solution.py").read_text())
+    rows: dict[str, list[dict[str, object]]] = {name: [] for name in codes}
+    with tempfile.TemporaryDirectory() as tmp:
+        run, _ = start_run("optimize_kernel", "full", Path(tmp) / "run", score_start=False)
+        for i in range(args.repeats):
+            for name, code in codes.items():
+                (run.workspace / "solution.py").write_text(code)
+                t0 = time.perf_counter()
+                row = score_run(run, kind="calibration", charged=False)
+                d = row.details
+                window = statistics.median(d["windows_ms"]) if d.get("windows_ms") else None
+                rows[name].append({"raw": row.raw, "median_ms": d.get("median_ms"), "window_ms": window,
+                                   "overhead_ms": d.get("overhead_ms"), "wall_s": time.perf_counter() - t0,
+                                   "message": row.message})
+                print(f"#{i + 1} {name}: {row.message[:110]}", flush=True)
+    print(f"\n{'case':<55}{'valid':>6}{'ms':>9}{'window':>9}{'overhead':>10}{'wall s':>8}")
+    summary = {}
+    for name, rs in rows.items():
+        valid = [r for r in rs if r["raw"] is not None]
+
+        def med(key: str, rs: list[dict[str, object]] = valid) -> float | None:
+            return statistics.median(float(r[key]) for r in rs) if rs else None  # type: ignore[arg-type]
+
+        summary[name] = {"valid": len(valid), "scorings": len(rs), "median_ms": med("median_ms"),
+                         "window_ms": med("window_ms"), "overhead_ms": med("overhead_ms"),
+                         "wall_s": med("wall_s", rs)}
+        s = summary[name]
+        fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+        print(f"{name:<55}{s['valid']:>3}/{len(rs):<2}{fmt(s['median_ms']):>9}{fmt(s['window_ms']):>9}"
+              f"{fmt(s['overhead_ms']):>10}{s['wall_s']:>8.1f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "repeats": args.repeats,
+                                    "hardware": detect_hardware().model_dump(), "summary": summary,
+                                    "scorings": rows}, indent=2) + "\n")
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
