@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from kernel_support import kernel_score
 from openrebench.core import Run, score_run
 
 CORRECT = textwrap.dedent("""
@@ -44,8 +46,13 @@ HOSTILE: dict[str, tuple[str, str]] = {
 }
 
 
+# Limits only the harness enforces (its memory watch, its wall clock) need the whole scoring pipeline;
+# the other cases are the solution host's and the scorer's own, checked in this process on a short input.
+THROUGH_THE_HARNESS = ("fills memory", "hangs")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(HOSTILE))
+@pytest.mark.parametrize("name", THROUGH_THE_HARNESS)
 def test_hostile_solution_gets_invalid_row(kernel_run: Run, name: str) -> None:
     code, expected = HOSTILE[name]
     (kernel_run.workspace / "solution.py").write_text(code)
@@ -56,6 +63,16 @@ def test_hostile_solution_gets_invalid_row(kernel_run: Run, name: str) -> None:
     assert "Traceback" not in row.message.split("\n")[0]
     rows, warnings = kernel_run.rows()
     assert rows[-1] == row and warnings == []
+
+
+@pytest.mark.parametrize("name", [n for n in HOSTILE if n not in THROUGH_THE_HARNESS])
+def test_hostile_solution_is_invalid_in_the_scorer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   name: str) -> None:
+    code, expected = HOSTILE[name]
+    result = kernel_score(monkeypatch, tmp_path, code)
+    assert result.raw is None and result.message.startswith("Invalid: ")
+    assert expected in result.message, result.message
+    assert "Traceback" not in result.message.split("\n")[0]
 
 
 @pytest.mark.slow

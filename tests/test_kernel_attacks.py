@@ -7,9 +7,11 @@ that let any of that escape the timed window would show as a median far below 50
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from kernel_support import kernel_score
 from openrebench.core import Run, ScoreRow, score_run
 
 HONEST = textwrap.dedent("""
@@ -156,11 +158,13 @@ def _valid_without_gain(row: ScoreRow) -> None:
     assert row.details["median_ms"] >= 45, row.message
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ATTACKS))
-def test_attack_gains_nothing(kernel_run: Run, name: str) -> None:
-    (kernel_run.workspace / "solution.py").write_text(ATTACKS[name])
-    _valid_without_gain(score_run(kernel_run, timeout_s=240))
+def test_attack_gains_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """In this process on a short input (the host is the real one): each timed call is still 50 ms of
+    honest work, which is what an attack would have to hide."""
+    result = kernel_score(monkeypatch, tmp_path, ATTACKS[name])
+    assert result.raw is not None, result.message
+    assert result.details["median_ms"] >= 45, result.message
 
 
 @pytest.mark.slow

@@ -27,8 +27,8 @@ class OptimizeKernel(Environment):
             # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
             # default for CPUs without a record of their own (`openrebench calibrate` makes one).
             default_constants=NormConstants(
-                start=4.8117, reference=0.8340,
-                source="2-core Xeon calibration of 2026-11-29 (123 ms start, 2.30 ms reference)"),
+                start=5.1679, reference=1.7954,
+                source="2-core Xeon calibration of 2026-11-30 (176 ms start, 6.02 ms reference)"),
         ),
         "full": TierSpec(
             name="full", description="One CUDA GPU, 1e8 elements, as in the paper.",
@@ -39,8 +39,8 @@ class OptimizeKernel(Environment):
             # The shipped H200 record (calibration/full--cuda-nvidia-h200.json): the default for GPUs
             # that have no record of their own yet.
             default_constants=NormConstants(
-                start=1.2332, reference=-0.7555,
-                source="H200 calibration of 2026-11-29 (3.43 ms start, 0.470 ms reference)"),
+                start=1.2000, reference=-0.9016,
+                source="H200 calibration of 2026-11-30 (3.32 ms start, 0.406 ms reference)"),
             paper_constants=NormConstants(
                 start=math.log(4.76), reference=math.log(1.6),
                 source="RE-Bench paper (arXiv 2411.15114), H100: start 4.76 ms, reference 1.6 ms"),
