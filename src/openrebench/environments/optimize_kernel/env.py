@@ -24,8 +24,8 @@ class OptimizeKernel(Environment):
             score_timeout_s=300, memory_limit_gb=6,
             params={"length": 2**22, "warmup_calls": 3, "timed_calls": 20, "baseline_calls": 21,
                     "call_timeout_s": 30, "setup_timeout_s": 120},
-            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor-2-00ghz.json): the
-            # default for CPUs without a record of their own (`openrebench calibrate` makes one).
+            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor-2-00ghz.json):
+            # the default for CPUs without a record of their own (`openrebench calibrate` makes one).
             default_constants=NormConstants(
                 start=5.1679, reference=1.7954,
                 source="2-core Xeon calibration of 2026-11-30 (176 ms start, 6.02 ms reference)"),
