@@ -164,7 +164,7 @@ def test_attack_gains_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n
     honest work, which is what an attack would have to hide."""
     result = kernel_score(monkeypatch, tmp_path, ATTACKS[name])
     assert result.raw is not None, result.message
-    assert result.details["median_ms"] >= 45, result.message
+    assert result.details["median_ms"] >= 40, result.message  # hiding the 50 ms would give a few ms
 
 
 @pytest.mark.slow

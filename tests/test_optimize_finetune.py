@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import Run, score_run, start_run
+from openrebench.core import Run, _scoring, score_run, start_run
 from openrebench.environments import get_environment
 from openrebench.environments.optimize_finetune._cheats import CHEATS, install_cheat
 from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
@@ -212,6 +212,7 @@ def test_work_left_running_is_counted_and_cannot_reach_the_reference_run(run: Ru
     (run.workspace / "finetune.sh").write_text(LEFT_WORK)
     (run.workspace / "train_late.py").write_text(TRAIN_LATE)
     (run.protected / "reference" / "finetune.sh").write_text(SPY_REFERENCE)
+    _scoring._record_protected(run)  # the spy is this test's set-up, not a change behind the scorer
     row = score_run(run, sandboxed=True)
     assert row.raw is None and "the scorer's own reference run failed" in row.message, row.message
     d = row.details

@@ -111,8 +111,11 @@ def hidden_package_dirs() -> list[str]:
     import openrebench
 
     root = Path(openrebench.__file__).resolve().parent
-    return sorted(str(p) for name in HIDDEN_ENVIRONMENT_DIRS for p in root.glob(f"environments/*/{name}")
-                  if p.is_dir())
+    hidden = [p for name in HIDDEN_ENVIRONMENT_DIRS for p in root.glob(f"environments/*/{name}")]
+    # An editable install's build metadata sits beside the package (src/openrebench.egg-info); one
+    # left by an older install can still embed the old long description (the README).
+    hidden += root.parent.glob("*.egg-info")
+    return sorted(str(p) for p in hidden if p.is_dir())
 
 
 def _traversable_parents(path: str) -> list[str]:
