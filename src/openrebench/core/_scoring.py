@@ -81,19 +81,25 @@ class _Snapshot:
             else:
                 self.notes.append(f"skipped {'link' if stat.S_ISLNK(st.st_mode) else 'special file'} {path}")
 
-    def copy_subdir(self, src_fd: int, dst_fd: int, name: str, path: str, depth: int) -> None:
+    def open_entry(self, src_fd: int, name: str, path: str, flags: int) -> int | None:
+        """The entry opened relative to its folder, or None (with a note) where it was removed or
+        replaced since it was listed (ELOOP: now a link; ENOTDIR, EISDIR: another kind; ENXIO: a socket)."""
         self.count()
         _before_open(path)
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=src_fd)
+            return os.open(name, flags, dir_fd=src_fd)
         except FileNotFoundError:
-            self.notes.append(f"skipped {path}/ (removed while the snapshot was taken)")
+            self.notes.append(f"skipped {path} (removed while the snapshot was taken)")
+        except OSError as e:
+            if e.errno not in _SKIPPED:
+                raise
+            self.notes.append(f"skipped {path} ({_SKIPPED[e.errno]})")
+        return None
+
+    def copy_subdir(self, src_fd: int, dst_fd: int, name: str, path: str, depth: int) -> None:
+        fd = self.open_entry(src_fd, name, path, _DIR_FLAGS)
+        if fd is None:
             return
-        except OSError as e:  # ELOOP/ENOTDIR: replaced by a link or a file since it was listed
-            if e.errno in _SKIPPED:
-                self.notes.append(f"skipped {path} ({_SKIPPED[e.errno]})")
-                return
-            raise
         try:
             os.mkdir(name, 0o755, dir_fd=dst_fd)
             sub = os.open(name, _DIR_FLAGS, dir_fd=dst_fd)
@@ -110,18 +116,9 @@ class _Snapshot:
             raise OpenRebenchError(f"the workspace holds more than {MAX_SNAPSHOT_FILES:,} files and folders")
 
     def copy_file(self, src_fd: int, dst_fd: int, name: str, path: str) -> None:
-        self.count()
-        _before_open(path)
-        try:
-            fd = os.open(name, _FILE_FLAGS, dir_fd=src_fd)
-        except FileNotFoundError:
-            self.notes.append(f"skipped {path} (removed while the snapshot was taken)")
+        fd = self.open_entry(src_fd, name, path, _FILE_FLAGS)
+        if fd is None:
             return
-        except OSError as e:  # ELOOP: now a link; ENXIO: now a socket
-            if e.errno in _SKIPPED:
-                self.notes.append(f"skipped {path} ({_SKIPPED[e.errno]})")
-                return
-            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):  # a FIFO or device swapped in after the listing
