@@ -17,7 +17,7 @@ EXPECTED = textwrap.dedent("""
     import torch
 
     def _expected(x):
-        _clock.sleep(0.03)  # the work an attack tries to move out of the timed window: far above noise
+        _clock.sleep(0.06)  # the work an attack tries to move out of the timed window: far above noise
         odd = torch.zeros_like(x, dtype=torch.int64)
         odd[1:] = (x[:-1] > 0).to(torch.int64).cumsum(0) % 2
         return (x.to(torch.int64) * odd).cumsum(0).to(torch.int32)
