@@ -60,8 +60,10 @@ def test_malformed_run_file_is_reported(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_mini_path_start_reference_score_result(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def test_mini_path_start_reference_score_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's commands as written, with their relative run directory."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("runs/k1")
     code, out = invoke("start", "optimize_kernel", "--tier", "mini", str(run_dir))
     assert code == 0, out
     assert "Optimize a kernel" in out and "Workspace:" in out

@@ -116,10 +116,12 @@ def test_score_command_in_the_sandbox_asks_the_harness(box: OpenRebenchSandbox) 
 
 
 def test_tmp_and_home_persist_between_commands(box: OpenRebenchSandbox) -> None:
-    assert sh(box, "echo kept > /tmp/x && echo mine > ~/notes && whoami").stdout.strip() in ("agent", "root")
-    result = sh(box, "cat /tmp/x ~/notes")
+    # A name of its own: the checkout under test may itself live in /tmp (bound into the sandbox).
+    script = "echo kept > /tmp/kept-between-calls && echo mine > ~/notes && whoami"
+    assert sh(box, script).stdout.strip() in ("agent", "root")
+    result = sh(box, "cat /tmp/kept-between-calls ~/notes")
     assert result.stdout.split() == ["kept", "mine"]
-    assert box.loop.run_until_complete(box.read_file("/tmp/x")) == "kept\n"  # type: ignore[attr-defined]
+    assert box.loop.run_until_complete(box.read_file("/tmp/kept-between-calls")) == "kept\n"  # type: ignore[attr-defined]
 
 
 def test_scoring_sandbox_hides_protected_data_reference_and_log(box: OpenRebenchSandbox) -> None:

@@ -64,6 +64,10 @@ def _score_with_status(run: Run, label: str, **kwargs: Any) -> ScoreRow:
 def _print_row(run: Run, row: ScoreRow) -> None:
     style = "green" if row.valid else "red"
     console.print(Panel(run.describe(row), title=f"score #{row.index}", border_style=style), highlight=False)
+    if row.details.get("infrastructure"):
+        cause = row.details.get("error") or str(row.details.get("scorer_stderr", "")).strip()[-600:]
+        err.print(f"[yellow]infrastructure failure, not the solution's:[/] row #{row.index} of "
+                  f"{run.score_log_path}" + (f"\n{cause}" if cause else ""), highlight=False, soft_wrap=True)
 
 
 def _log_table(run: Run, rows: list[ScoreRow]) -> Table:
@@ -133,7 +137,23 @@ def start(
         assert row is not None
     console.print(Markdown(env.instructions(tier)))
     _print_row(run, row)
+    _print_constants(run)
     console.print(f"\nWorkspace: [bold]{run.workspace}[/]\nScore with: openrebench score {run.path}")
+    _fail_on_setup_infrastructure(run, row)
+
+
+def _print_constants(run: Run) -> None:
+    c = run.info.constants
+    console.print(f"normalisation: start {c.start:.4f}, reference {c.reference:.4f} ({c.source})",
+                  highlight=False, soft_wrap=True)
+
+
+def _fail_on_setup_infrastructure(run: Run, row: ScoreRow) -> None:
+    """The starting solution could not be scored for the harness's own reason: the run is set up but
+    has no baseline, so say so and exit non-zero (after fixing the cause: `openrebench score DIR`)."""
+    if row.details.get("infrastructure"):
+        raise OpenRebenchError(f"the starting solution of {run.path} could not be scored (infrastructure "
+                               f"failure, above); fix the cause, then `openrebench score {run.path}`")
 
 
 @app.command()
@@ -226,13 +246,16 @@ def demo(
 
     env = _env(env_id)
     env.tier(tier)
-    directory = directory or Path("runs") / f"demo-{env_id}-{tier}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    directory = (directory or Path("runs") / f"demo-{env_id}-{tier}-{stamp}").absolute()
     from openrebench.core import start_run
 
     with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
         run, row = start_run(env_id, tier, directory)
         assert row is not None
     _print_row(run, row)
+    _print_constants(run)
+    _fail_on_setup_infrastructure(run, row)
     env.install_reference(run.workspace, tier)
     console.print("Reference solution put in place of the agent's.")
     _print_row(run, _score_with_status(run, "Scoring the reference solution"))

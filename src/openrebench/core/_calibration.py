@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from ._environment import Environment, NormConstants
 from ._errors import OpenRebenchError
-from ._hardware import Hardware, detect_hardware
+from ._hardware import Hardware, detect_hardware, model_key
 from ._paths import cache_dir
 
 
@@ -76,15 +76,29 @@ def shipped_calibration_dir(env: Environment) -> Path:
     return env.root / "calibration"
 
 
+def normalised_key(hardware_key: str) -> str:
+    """'cpu:Intel(R) Xeon(R) Processor @ 2.00GHz' and 'cpu:Intel Xeon' are one key (records written
+    before keys were normalised keep their original key and file name)."""
+    kind, _, model = hardware_key.partition(":")
+    return f"{kind}:{model_key(model)}"
+
+
 def find_record(env: Environment, tier: str, hardware_key: str) -> tuple[CalibrationRecord, str] | None:
-    """This hardware's record for the tier: the user's own, else a shipped one."""
-    name = record_filename(tier, hardware_key)
+    """This hardware's record for the tier: the user's own, else a shipped one; a record of an older
+    major version of the environment does not count."""
+    want = normalised_key(hardware_key)
     folders = (("local", user_calibration_dir(env.id)), ("shipped", shipped_calibration_dir(env)))
     for origin, folder in folders:
-        path = folder / name
-        if path.exists():
-            record = CalibrationRecord.model_validate_json(path.read_text())
-            if record.env_version.split(".")[0] == env.version.split(".")[0]:
+        exact = folder / record_filename(tier, want)
+        for path in [exact, *sorted(p for p in folder.glob(f"{tier}--*.json") if p != exact)]:
+            if not path.is_file():
+                continue
+            try:
+                record = CalibrationRecord.model_validate_json(path.read_text())
+            except (OSError, ValueError):
+                continue  # a broken record is not this hardware's record
+            if (record.tier == tier and normalised_key(record.hardware_key) == want
+                    and record.env_version.split(".")[0] == env.version.split(".")[0]):
                 return record, origin
     return None
 

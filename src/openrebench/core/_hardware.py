@@ -11,6 +11,8 @@ import sys
 
 from pydantic import BaseModel
 
+from ._environment import TierSpec
+
 
 class Hardware(BaseModel):
     """The parts of a machine that change a score."""
@@ -26,10 +28,33 @@ class Hardware(BaseModel):
     platform: str
 
     def key(self, device: str) -> str:
-        """Calibration key: the GPU model for GPU tiers, the CPU model for CPU tiers."""
+        """Calibration key: the GPU model for GPU tiers, the CPU model for CPU tiers (without what
+        varies between machines of one model: see `model_key`)."""
         if device == "cuda":
-            return f"cuda:{self.gpu_model or 'none'}"
-        return f"cpu:{self.cpu_model}"
+            return f"cuda:{model_key(self.gpu_model or 'none')}"
+        return f"cpu:{model_key(self.cpu_model)}"
+
+
+def model_key(name: str) -> str:
+    """A processor's model name as a calibration key: trademarks, a rated clock ('@ 2.80GHz') and
+    filler words dropped, spaces collapsed. /proc/cpuinfo reports one model with and without the
+    clock, and virtual machines of one type with different clocks in the name."""
+    name = re.sub(r"\((R|TM|tm|r)\)|®|™", "", name)
+    name = re.sub(r"@\s*[\d.]+\s*[GM]Hz", "", name, flags=re.I)
+    name = re.sub(r"\b(CPU|Processor|\d+-Core)\b", "", name, flags=re.I)
+    return re.sub(r"\s+", " ", name).strip() or "unknown"
+
+
+def tier_hardware_problem(spec: TierSpec, hardware: Hardware | None = None) -> str | None:
+    """Why this machine cannot run the tier (None when it can): checked before anything is built."""
+    if spec.gpu_count == 0:
+        return None
+    hardware = hardware or detect_hardware()
+    if hardware.gpu_count >= spec.gpu_count:
+        return None
+    has = "no CUDA GPU" if hardware.gpu_count == 0 else f"{hardware.gpu_count} CUDA GPU(s)"
+    return (f"the {spec.name} tier needs {spec.gpu_count} CUDA GPU(s) ({spec.hardware}); PyTorch sees {has} "
+            "on this machine (the mini tier runs on a CPU: --tier mini)")
 
 
 def _cpu_model() -> str:

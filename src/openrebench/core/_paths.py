@@ -8,6 +8,7 @@ from pathlib import Path
 
 def cache_dir() -> Path:
     root = os.environ.get("OPENREBENCH_HOME")
-    path = Path(root) if root else Path.home() / ".cache" / "openrebench"
+    # Absolute, whatever the variable says: scorers and sandboxes run in other working directories.
+    path = Path(root).expanduser().resolve() if root else Path.home() / ".cache" / "openrebench"
     path.mkdir(parents=True, exist_ok=True)
     return path

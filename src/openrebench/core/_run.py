@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._environment import Environment, NormConstants
 from ._errors import OpenRebenchError
-from ._hardware import Hardware, detect_hardware
+from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._score_log import ScoreRow, make_reserve, read_log
 
 RUN_FILE = "run.json"
@@ -32,6 +33,14 @@ class RunInfo(BaseModel):
     started_at: datetime | None = None
 
 
+def check_new_run_dir(path: Path) -> None:
+    """A run goes where nothing is yet (or an empty folder): never over another run or other files."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        what = "a run" if (path / RUN_FILE).is_file() else "not an empty directory"
+        raise OpenRebenchError(f"{path} already exists and is {what}: choose a new directory, or remove "
+                               f"this one first (rm -r {shlex.quote(str(path))})")
+
+
 class Run:
     def __init__(self, path: Path, info: RunInfo) -> None:
         self.path = path
@@ -43,16 +52,18 @@ class Run:
 
     @classmethod
     def create(cls, env: Environment, tier: str, path: Path, *, seed: int | None = None) -> Run:
-        """Make the directory layout and fingerprint (the caller fills the workspace)."""
+        """Make the directory layout and fingerprint at `path`, made absolute here once: scorers and
+        sandboxes run in other working directories (the caller fills the workspace)."""
         from openrebench import __version__
 
         from ._calibration import constants_for
 
-        env.tier(tier)
-        path = Path(path)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise OpenRebenchError(f"{path} already exists and is not an empty directory")
+        spec = env.tier(tier)
+        path = Path(path).expanduser().absolute()
+        check_new_run_dir(path)
         hardware = detect_hardware()
+        if problem := tier_hardware_problem(spec, hardware):
+            raise OpenRebenchError(f"{env.id}: {problem}")
         info = RunInfo(
             env_id=env.id, env_version=env.version, tier=tier,
             seed=secrets.randbits(31) if seed is None else seed, created_at=datetime.now(UTC),

@@ -31,22 +31,24 @@ def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
     filename = getattr(e, "filename", None)
     if isinstance(e, OSError) and isinstance(filename, str) and protected and filename.startswith(protected):
         return ("Invalid: infrastructure failure (a protected file of the run is missing or unreadable), not "
-                "caused by your solution; the details are in this row of the run's score log."), True
+                "caused by your solution; the details are in the run's score log."), True
     name = type(e).__name__ if type(e).__module__ == "builtins" else "an exception"
     return (f"Invalid: the scorer failed with an internal error ({name}) while scoring this solution; the "
-            "details are in this row of the run's score log."), False
+            "details are in the run's score log."), False
 
 
 def main() -> None:
     dumpable_off = make_non_dumpable()
     config = json.loads(sys.stdin.read())
     from ._environment import ScoreResult
-    from ._scoring import RESULT_TAG
+    from ._scoring import READY_TAG, RESULT_TAG
 
     try:
         from openrebench.environments import get_environment
 
         env = get_environment(config["env_id"])
+        sys.stdout.write(f"\n{READY_TAG} {config['nonce']}\n")
+        sys.stdout.flush()
         result = env.score(config["tier"], Path(config["solution"]), Path(config["protected"]))
         if not isinstance(result, ScoreResult):
             raise TypeError("the scorer returned no ScoreResult")

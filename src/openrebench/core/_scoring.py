@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -30,13 +31,14 @@ from ._errors import OpenRebenchError
 from ._gpus import all_gpu_nodes
 from ._isolation import pid_namespace_prefix
 from ._normalise import normalise
-from ._run import Run
+from ._run import Run, check_new_run_dir
 from ._score_log import ScoreRow, append_row
 
 MAX_SNAPSHOT_BYTES = 4 * 1024**3
 MAX_SNAPSHOT_FILES = 200_000
 MAX_SNAPSHOT_DEPTH = 64
 RESULT_TAG = "OPENREBENCH-RESULT"
+READY_TAG = "OPENREBENCH-READY"  # the scorer started: what fails later is the scoring's, not the set-up's
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
 
@@ -310,11 +312,24 @@ def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit:
             return result
     code = proc.returncode
     what = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    if f"{READY_TAG} {nonce}" not in stdout.splitlines():
+        # It never reached the solution: bubblewrap, Python or the package could not start it.
+        return infrastructure_failure(f"the scorer process {what} before it started: {_first_line(stderr)}",
+                                      **details, scorer_stderr=stderr)
     if cgroup is not None and code in (-9, 137) and peak > 0.8 * limit:
         what += " (out of memory)"
     return ScoreResult.invalid(
-        f"Invalid: the scorer process {what} before reporting a result (did the solution kill it?).",
+        f"Invalid: the scorer process {what} while scoring this solution, before reporting a result (the "
+        "solution's code crashed or ended it, or memory ran out); the details are in the run's score log.",
         **details, scorer_stderr=stderr)
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    """The first informative line of a failure's output, for a one-line message."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    useful = [x for x in lines if not x.startswith(("Traceback", "File ", "  File"))]
+    line = useful[-1] if useful and "Error" in useful[-1] else (useful or lines or ["no output"])[0]
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def scoring_sandbox_default() -> bool:
@@ -328,7 +343,7 @@ PROTECTED_MANIFEST = "protected_manifest.json"
 def infrastructure_failure(what: str, **details: Any) -> ScoreResult:
     """An invalid result that is the harness's fault, not the solution's, said in one line."""
     return ScoreResult.invalid(f"Invalid: infrastructure failure ({what}), not caused by your solution; "
-                               "the details are in this row of the run's score log.",
+                               "the details are in the run's score log.",
                                infrastructure=True, **details)
 
 
@@ -355,18 +370,6 @@ def _protected_problem(run: Run) -> str | None:
     return None
 
 
-def _classify(result: ScoreResult) -> ScoreResult:
-    """A scorer that never started (bubblewrap or Python could not start it) is the harness's fault."""
-    if result.raw is not None or result.details.get("scorer_exit_code") != 1:
-        return result
-    stderr = str(result.details.get("scorer_stderr", ""))
-    if stderr.lstrip().startswith("bwrap:"):
-        return infrastructure_failure("the scoring sandbox could not start", **result.details)
-    if "_scorer_main" in stderr and ("No module named" in stderr or "Error while finding module" in stderr):
-        return infrastructure_failure("the scorer process could not start", **result.details)
-    return result
-
-
 def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
                     devices: Sequence[str] | None) -> tuple[ScoreResult, str, list[str]]:
     from openrebench.environments import get_environment
@@ -389,7 +392,7 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
         result = run_scorer(env.id, tier.name, snapshot, run.protected,
                             timeout_s=timeout_s or tier.score_timeout_s,
                             memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices)
-    return _classify(result), sha, notes
+    return result, sha, notes
 
 
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
@@ -439,16 +442,33 @@ def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None, sc
               sandboxed: bool | None = None,
               devices: Sequence[str] | None = None) -> tuple[Run, ScoreRow | None]:
     """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution
-    (skipped with `score_start=False`, for calibration and tests)."""
+    (skipped with `score_start=False`, for calibration and tests).
+
+    Everything up to the scoring is built in a hidden folder beside `path` and renamed into place
+    when complete, so a failed or interrupted set-up leaves no half-made run behind."""
     from openrebench.environments import get_environment
 
     from ._paths import cache_dir
 
     env = get_environment(env_id)
-    run = Run.create(env, tier, path, seed=seed)
-    env.build_assets(tier, cache_dir())
-    env.setup_run(tier, run.workspace, run.protected, cache_dir())
-    _record_protected(run)
+    path = Path(path).expanduser().absolute()
+    check_new_run_dir(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{path.name}.setting-up-", dir=path.parent))
+    partial.chmod(0o755)  # as a plain mkdir would make it; mkdtemp's 0700 would hide the workspace
+    try:
+        run = Run.create(env, tier, partial, seed=seed)
+        env.build_assets(tier, cache_dir())
+        env.setup_run(tier, run.workspace, run.protected, cache_dir())
+        _record_protected(run)
+        check_new_run_dir(path)
+        if path.exists():
+            path.rmdir()
+        partial.rename(path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    run = Run(path, run.info)
     row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices) \
         if score_start else None
     run.mark_started()

@@ -186,13 +186,17 @@ class OpenRebenchSandbox(SandboxEnvironment):
         if spec.gpu_count and isolation == "bwrap":
             lease = await anyio.to_thread.run_sync(lambda: GpuLease.acquire(
                 spec.gpu_count, timeout_s=config.gpu_wait_s, on_wait=logger.warning))
-        path = Path(config.runs_dir) / f"{config.env_id}-{config.tier}-{time.strftime('%Y%m%d-%H%M%S')}-" \
-                                       f"{uuid.uuid4().hex[:6]}"
+        name = f"{config.env_id}-{config.tier}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        path = Path(config.runs_dir).expanduser().absolute() / name
         try:
             devices = lease.device_nodes() if lease else None
-            run, _ = await anyio.to_thread.run_sync(
+            run, row = await anyio.to_thread.run_sync(
                 lambda: start_run(config.env_id, config.tier, path, sandboxed=isolation == "bwrap",
                                   devices=devices))
+            if row is not None and row.details.get("infrastructure"):
+                # No baseline: an attempt now would be scored against a broken harness, not the agent.
+                raise RuntimeError(f"{run.path}: the starting solution could not be scored: {row.message} "
+                                   f"(row #{row.index} of {run.score_log_path})")
             return {"default": await cls.for_run(run, config, isolation=isolation, lease=lease)}
         except BaseException:
             if lease:
