@@ -2,8 +2,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOG_DIR ?= logs/demo
 
-.PHONY: demo test lint install clean browser
+.PHONY: demo view test lint install clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +17,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo
+
+# Inspect's log viewer on the demo's logs (or LOG_DIR=...), without activating the virtual environment
+view: $(STAMP)
+	$(BIN)/inspect view --log-dir $(LOG_DIR)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks

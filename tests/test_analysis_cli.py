@@ -103,3 +103,27 @@ def test_bad_input_gives_one_clear_line(tmp_path: Path, args: tuple[str, ...], m
     assert code == 1
     assert message in out and "Traceback" not in out
     assert len(out.strip().splitlines()) == 1, out
+
+
+def test_odd_logs_never_give_a_traceback(tmp_path: Path) -> None:
+    """A week-long run is longer than every default budget; a zero time limit is left out with
+    --skip-incomplete; either way the output is tables or one line, never a traceback."""
+    from analysis_helpers import write_variant
+
+    def limit(seconds: int):  # type: ignore[no-untyped-def]
+        def edit(log) -> None:  # type: ignore[no-untyped-def]
+            log.eval.config.working_limit = seconds
+
+        return edit
+
+    week = write_variant(tmp_path / "week.eval", limit(7 * 24 * 3600))
+    zero = write_variant(tmp_path / "zero.eval", limit(0))
+    code, out = invoke("analyze", str(week), *FAST)
+    assert code == 1 and "every run is longer than the largest budget (32 h; runs of 168 h)" in out
+    assert len(out.strip().splitlines()) == 1, out
+    code, out = invoke("analyze", str(week), "--max-budget", "168", *FAST)
+    assert code == 0 and "Traceback" not in out, out
+    code, out = invoke("analyze", str(zero), *FAST)
+    assert code == 1 and "pass --skip-incomplete" in out and len(out.strip().splitlines()) == 1, out
+    code, out = invoke("analyze", str(zero), str(REAL_LOG), "--skip-incomplete", *FAST)
+    assert code == 0 and "zero.eval: left out" in " ".join(out.split()), out

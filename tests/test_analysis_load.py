@@ -109,6 +109,8 @@ MALFORMED = [
     (_meta("score_log", "rows"), "'score_log' is not a list of rows"),
     (_meta("score_log", [{"index": 0, "elapsed_s": "soon"}]), "score_log row 0 is malformed"),
     (_meta("fingerprint", {"env_id": "optimize_kernel"}), "'fingerprint' has no hardware record"),
+    (_meta("fingerprint", {"env_id": "optimize_kernel", "hardware": {"gpu_count": "x"}}),
+     "the fingerprint's gpu_count 'x' is not a count"),
     (_value("high"), "score value 'high' is not a number"),
     (_value(float("nan")), "is not finite"),
     (_not_ours, "not an openrebench log"),
@@ -124,6 +126,61 @@ def test_malformed_logs_give_one_clear_error(tmp_path: Path, edit, message: str)
     text = str(info.value)
     assert message in text, text
     assert "\n" not in text and "bad.eval" in text
+
+
+def _limit(working: object = None, task_arg: object = None):  # type: ignore[no-untyped-def]
+    def edit(log: EvalLog) -> None:
+        log.eval.config.working_limit = working  # type: ignore[assignment]
+        log.eval.task_args = {"time_limit": task_arg}
+
+    return edit
+
+
+def _cancelled(log: EvalLog) -> None:
+    log.samples = []
+    log.status = "cancelled"
+
+
+RANGE = "is outside 1 minute to 7 days (60 to 604800 seconds)"
+ODD_LIMITS = [
+    (_limit(0), f"its working time limit (0 s) {RANGE}"),  # what `--time-limit 0.001s` used to write
+    (_limit(1), f"its working time limit (1 s) {RANGE}"),
+    (_limit(-300), f"its working time limit (-300 s) {RANGE}"),
+    (_limit(3_600_000_000_000), f"its working time limit (3.6e+12 s) {RANGE}"),
+    (_limit(task_arg=float("nan")), f"its working time limit (nan s) {RANGE}"),
+    (_limit(task_arg=float("inf")), f"its working time limit (inf s) {RANGE}"),
+    (_limit(task_arg="30m"), "its working time limit '30m' is not a number of seconds"),
+    (_no_limit, "records no working time limit"),
+    (_cancelled, "no samples (status cancelled)"),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), ODD_LIMITS)
+def test_odd_time_limits_stop_in_one_line_or_are_left_out_with_a_warning(tmp_path: Path, edit,  # type: ignore[no-untyped-def]
+                                                                         message: str) -> None:
+    path = write_variant(tmp_path / "odd.eval", edit)
+    with pytest.raises(OpenRebenchError) as info:
+        load_logs([path])
+    assert message in str(info.value) and "pass --skip-incomplete" in str(info.value)
+    assert "\n" not in str(info.value)
+    data = load_logs([path, REAL_LOG], skip_incomplete=True)
+    assert len(data.attempts) == 1
+    assert any(w.startswith("odd.eval: left out") and message in w for w in data.warnings), data.warnings
+
+
+@pytest.mark.parametrize(("edit", "hours"), [(_limit(60), 1 / 60), (_limit(7 * 24 * 3600), 168.0),
+                                             (_limit(task_arg="1800"), 0.5)])
+def test_time_limits_at_the_range_ends_are_used(tmp_path: Path, edit, hours: float) -> None:  # type: ignore[no-untyped-def]
+    (attempt,) = load_logs([write_variant(tmp_path / "ok.eval", edit)]).attempts
+    assert attempt.length_h == pytest.approx(hours)
+
+
+def test_a_log_without_a_model_is_labelled_by_its_agent(tmp_path: Path) -> None:
+    def no_model(log: EvalLog) -> None:
+        log.eval.model = "none/none"
+
+    (attempt,) = load_logs([write_variant(tmp_path / "none.eval", no_model)]).attempts
+    assert attempt.group == "oracle (mini)"
 
 
 @pytest.mark.parametrize(("edit", "left_out"), [(_drop_scores, "left out: no 'run_score' score"),

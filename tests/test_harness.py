@@ -67,7 +67,7 @@ import sys
 from inspect_ai import eval as inspect_eval
 from openrebench.harness import TASKS
 task = TASKS["optimize_kernel"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs")
-(log,) = inspect_eval(task, model="mockllm/model", log_dir=sys.argv[1] + "/logs", display="plain")
+(log,) = inspect_eval(task, model="none", log_dir=sys.argv[1] + "/logs", display="plain")
 print("STATUS", log.status)
 """
 

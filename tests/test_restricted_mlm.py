@@ -328,7 +328,7 @@ def test_oracle_through_inspect_start_and_reference_are_valid(mlm_home: Path, tm
 
     monkeypatch.setenv("OPENREBENCH_HOME", str(mlm_home))
     task = TASKS["restricted_mlm"](tier="mini", agent="oracle", runs_dir=str(tmp_path / "runs"))
-    (log,) = inspect_eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
+    (log,) = inspect_eval(task, model="none", log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     rows = log.samples[0].scores["run_score"].metadata["score_log"]
     kinds = [r["kind"] for r in rows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -267,14 +268,79 @@ def demo(
 
 
 def _duration(text: str) -> float:
-    """'90s', '30m', '2h' or plain seconds -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
+    """'90s', '30m', '2h', '1d' or plain seconds -> seconds, within the range the harness allows."""
+    from openrebench.harness import TIME_LIMIT_RANGE, check_time_limit
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip()
     try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
+        seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
-        raise OpenRebenchError(f"bad duration '{text}' (use e.g. 90s, 30m, 2h)") from None
+        raise OpenRebenchError(f"bad --time-limit '{text}' (use e.g. 90s, 30m, 2h; from "
+                               f"{TIME_LIMIT_RANGE})") from None
+    return check_time_limit(seconds, f"--time-limit {text}")
+
+
+def _check_gpus(env_ids: list[str], tier: str) -> None:
+    """Fail before Inspect starts when a tier needs more GPUs than this machine shows."""
+    from openrebench.core import visible_gpus
+
+    have = len(visible_gpus())
+    for env_id in env_ids:
+        if (need := _env(env_id).tier(tier).gpu_count) > have:
+            raise OpenRebenchError(f"{env_id} ({tier}) needs {need} GPU(s); this machine shows {have} "
+                                   "(the mini tier runs on a CPU)")
+
+
+def _one_line(error: Any) -> str:
+    """One line for an Inspect error: the exception as its traceback's last line states it (the message
+    alone is a repr that can drop the detail), without the exception's module path."""
+    lines = [x.strip() for x in (error.traceback or "").splitlines() if x.strip()]
+    if lines and re.match(r"[\w.]+(: |$)", lines[-1]):
+        line = lines[-1]
+    else:
+        line = next((x.strip() for x in error.message.splitlines() if x.strip()), "no message")
+        if m := re.fullmatch(r"(\w+)\((['\"])(.*)\2\)", line):  # OpenRebenchError('...')
+            line = f"{m[1]}: {m[3]}"
+    return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)[:200]
+
+
+def _failures(logs: list[Any], task_names: list[str]) -> list[tuple[str, str, str]]:
+    """(what, status, one-line reason) for each sample that errored or has no score, each eval that did
+    not succeed where no sample says why (an eval can succeed while one of its samples failed), and each
+    task without a log: on Ctrl-C Inspect writes the cancelled logs but returns none of them."""
+    returned = {log.eval.task for log in logs}
+    out = [(name, "cancelled", "interrupted (its log in --log-dir says how far it got)")
+           for name in dict.fromkeys(task_names) if name not in returned]
+    for log in logs:
+        task = log.eval.task
+        samples: list[tuple[str, str, str]] = []
+        for sample in log.samples or []:
+            where = f"{task} (epoch {sample.epoch})"
+            if sample.error is not None:
+                samples.append((where, "error", _one_line(sample.error)))
+            elif not sample.scores:
+                reason = f"{sample.limit.type} limit hit" if sample.limit else "the sample was not scored"
+                samples.append((where, "unscored", reason))
+        if log.status != "success" and not samples:
+            reason = {"cancelled": "interrupted", "started": "did not finish"}.get(log.status, "no samples")
+            samples.append((task, log.status, _one_line(log.error) if log.error else reason))
+        out.extend(samples)
+    return out
+
+
+def _exit_code(failures: list[tuple[str, str, str]]) -> int:
+    """130 when an eval was interrupted (as a shell reports Ctrl-C), 1 when anything failed, else 0."""
+    if any(status == "cancelled" for _, status, _ in failures):
+        return 130
+    return 1 if failures else 0
+
+
+def _inspect_command() -> str:
+    """`inspect` as a command that works as printed: the one beside this Python (the virtual
+    environment's, even when it is not activated), else whatever `inspect` is on the PATH."""
+    exe = Path(sys.executable).parent / "inspect"
+    return shlex.quote(str(exe)) if exe.is_file() else "inspect"
 
 
 @app.command("eval")
@@ -284,8 +350,8 @@ def eval_(
     tier: TierOpt = "mini",
     agent: Annotated[str, typer.Option(help="oracle (no model), react or human.")] = "oracle",
     model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o.")] = None,
-    time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m (default: "
-                                                         "the tier's).")] = None,
+    time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m, 2h or seconds, "
+                                                         "from 1m to 7d (default: the tier's).")] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
     log_dir: Annotated[Path, typer.Option(help="Where Inspect writes its logs.")] = Path("logs"),
     runs_dir: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
@@ -300,20 +366,23 @@ def eval_(
     display: Annotated[str | None, typer.Option(help="Inspect's progress display: full, rich, plain, "
                                                      "none (default: Inspect's).")] = None,
 ) -> None:
-    """Run agents on environments through Inspect AI, then print a results table."""
+    """Run agents on environments through Inspect AI, then print a results table.
+
+    Exits 1 when an attempt fails or ends without a score (listed after the table), 130 when interrupted.
+    """
     from inspect_ai import eval as inspect_eval
     from inspect_ai import eval_set
 
     from openrebench.environments import ENVIRONMENTS
-    from openrebench.harness import TASKS
+    from openrebench.harness import AGENTS, ISOLATIONS, TASKS
 
     ids = list(ENVIRONMENTS) if env_ids == ["all"] else env_ids
     for env_id in ids:
         _env(env_id).tier(tier)
-    if agent not in ("oracle", "react", "human"):
-        raise OpenRebenchError(f"unknown agent '{agent}' (known: oracle, react, human)")
-    if isolation not in ("auto", "bwrap", "local"):
-        raise OpenRebenchError(f"unknown isolation '{isolation}' (known: auto, bwrap, local)")
+    if agent not in AGENTS:
+        raise OpenRebenchError(f"unknown agent '{agent}' (known: {', '.join(AGENTS)})")
+    if isolation not in ISOLATIONS:
+        raise OpenRebenchError(f"unknown isolation '{isolation}' (known: {', '.join(ISOLATIONS)})")
     if isolation == "bwrap":
         from openrebench.core import bwrap_usable
 
@@ -322,9 +391,11 @@ def eval_(
     if agent == "react" and model is None:
         raise OpenRebenchError("the react agent needs --model")
     seconds = _duration(time_limit) if time_limit else None
+    _check_gpus(ids, tier)
     tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
                       isolation=isolation) for e in ids]
-    options = {"model": model or "mockllm/model", "epochs": epochs, "log_dir": str(log_dir),
+    # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
+    options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
                "max_samples": max_samples, "display": display}
     if retry_attempts or resume:
         _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
@@ -334,17 +405,20 @@ def eval_(
     for col in ("environment", "epoch", "normalised", "raw", "run"):
         table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")
     for log in logs:
-        if log.status != "success" or not log.samples:
-            reason = log.error.message if log.error else log.status
-            table.add_row(log.eval.task, "—", "error", "—", str(reason))
-            continue
-        for sample in log.samples:
+        for sample in log.samples or []:
             for score in (sample.scores or {}).values():
                 meta = score.metadata or {}
                 table.add_row(log.eval.task, str(sample.epoch), f"{float(score.value):.3f}",
                               _fmt(meta.get("raw")), str(meta.get("run_dir", "")))
-    console.print(table)
-    console.print(f"Inspect logs: {log_dir} (open them with `inspect view --log-dir {log_dir}`)")
+    if table.rows:
+        console.print(table)
+    failures = _failures(logs, [t.name for t in tasks])
+    for what, status, reason in failures:
+        err.print(f"[bold red]{status}:[/] {what}: {reason}", highlight=False, soft_wrap=True)
+    console.print(f"Inspect logs: {log_dir} (open them with `{_inspect_command()} view --log-dir "
+                  f"{shlex.quote(str(log_dir))}`)", highlight=False, soft_wrap=True)
+    if code := _exit_code(failures):
+        raise typer.Exit(code)
 
 
 from openrebench._cli_analysis import add_analysis_commands  # noqa: E402

@@ -334,6 +334,10 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
         raise OpenRebenchError("--boots and --sims need at least 10")
     lengths = sorted({a.length_h for a in data.attempts if a.env_id in envs})
     budget_list = sorted(budgets) if budgets else default_budgets(lengths, max_budget_h)
+    if not budget_list:
+        runs = ", ".join(f"{x:g}" for x in lengths)
+        raise OpenRebenchError(f"every run is longer than the largest budget ({max_budget_h:g} h; runs of "
+                               f"{runs} h): raise --max-budget or give --budgets")
     engine = _Engine(data, envs, budget_list, boots=boots, sims=sims, seed=seed, level=level)
     warnings = list(data.warnings)
     groups, allocations, per_env, time_curves, cost = [], [], [], [], []

@@ -56,19 +56,32 @@ def log_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def _group_label(agent: str, model: str, tier: str) -> str:
-    if agent in ("oracle", "human") or model.startswith("mockllm/"):
+    """The agent and, where one was used, the model ("none" is Inspect's no-model model; mockllm is what
+    older logs of the oracle recorded)."""
+    if agent in ("oracle", "human") or model in ("none", "none/none") or model.startswith("mockllm/"):
         return f"{agent} ({tier})"
     return f"{agent} · {model} ({tier})"
 
 
-def _time_limit_h(log: Any, where: str) -> float:
+def _time_limit_h(log: Any) -> float | str:
+    """The run length in hours, or why the log gives none usable: missing, not a number, or outside
+    the range `openrebench eval` and the tasks accept (a log edited by hand or from an older version)."""
+    from openrebench.harness import TIME_LIMIT_RANGE, TIME_LIMIT_RANGE_S
+
     seconds = getattr(log.eval.config, "working_limit", None)
     if seconds is None:
         seconds = (log.eval.task_args or {}).get("time_limit")
     if seconds is None:
-        raise OpenRebenchError(f"{where}: the log records no working time limit (eval config "
-                               "working_limit), so the run's length is unknown")
-    return float(seconds) / 3600
+        return "the log records no working time limit (eval config working_limit), so the run's length " \
+               "is unknown"
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return f"its working time limit {seconds!r} is not a number of seconds"
+    low, high = TIME_LIMIT_RANGE_S
+    if not (math.isfinite(value) and low <= value <= high):
+        return f"its working time limit ({value:g} s) is outside {TIME_LIMIT_RANGE}"
+    return value / 3600
 
 
 def _usage(sample: Any, prices: Mapping[str, Mapping[str, float]] | None) -> tuple[int, float | None]:
@@ -92,8 +105,8 @@ def _trajectory(rows: list[ScoreRow]) -> list[tuple[float, float | None]]:
             for r in rows if r.kind in ("setup", "score")]
 
 
-def _attempt(log: Any, sample: Any, where: str, prices: Mapping[str, Mapping[str, float]] | None,
-             warnings: list[str]) -> Attempt | str:
+def _attempt(log: Any, sample: Any, where: str, length_h: float,
+             prices: Mapping[str, Mapping[str, float]] | None, warnings: list[str]) -> Attempt | str:
     """The sample as an attempt, or the reason it is incomplete (no score)."""
     score = (sample.scores or {}).get(SCORER)
     if score is None:
@@ -114,6 +127,9 @@ def _attempt(log: Any, sample: Any, where: str, prices: Mapping[str, Mapping[str
     fingerprint = meta["fingerprint"]
     if not isinstance(fingerprint, dict) or not isinstance(fingerprint.get("hardware"), dict):
         raise OpenRebenchError(f"{where}: score metadata 'fingerprint' has no hardware record")
+    gpus = fingerprint["hardware"].get("gpu_count") or 0
+    if not isinstance(gpus, int) or gpus < 0:
+        raise OpenRebenchError(f"{where}: the fingerprint's gpu_count {gpus!r} is not a count")
     if not isinstance(meta["score_log"], list):
         raise OpenRebenchError(f"{where}: score metadata 'score_log' is not a list of rows")
     rows: list[ScoreRow] = []
@@ -135,11 +151,10 @@ def _attempt(log: Any, sample: Any, where: str, prices: Mapping[str, Mapping[str
     agent = str(task_meta.get("agent", "unknown"))
     hours_used = (sample.working_time / 3600 if sample.working_time is not None
                   else max((r.elapsed_s for r in rows), default=0.0) / 3600)
-    gpus = int(fingerprint["hardware"].get("gpu_count") or 0)
     tokens, cost = _usage(sample, prices)
     return Attempt(
         group=_group_label(agent, str(log.eval.model), tier), is_human=agent == "human", env_id=env_id,
-        tier=tier, length_h=_time_limit_h(log, where), score=value,
+        tier=tier, length_h=length_h, score=value,
         raw=meta.get("raw") if isinstance(meta.get("raw"), int | float) else None,
         trajectory=_trajectory(rows), tokens=tokens, cost_usd=cost, gpu_hours=gpus * hours_used,
         hours_used=hours_used, source=f"{where}")
@@ -172,6 +187,12 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                                        "to leave it out")
             data.warnings.append(f"{path.name}: left out, no samples ({reason})")
             continue
+        length_h = _time_limit_h(log)
+        if isinstance(length_h, str):
+            if not skip_incomplete:
+                raise OpenRebenchError(f"{path}: {length_h}; pass --skip-incomplete to leave it out")
+            data.warnings.append(f"{path.name}: left out: {length_h}")
+            continue
         if log.status != "success":
             data.warnings.append(f"{path.name}: eval status is '{log.status}'; its finished samples are used")
         for sample in log.samples:
@@ -181,7 +202,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 data.warnings.append(f"{where}: the same sample was given twice; counted once")
                 continue
             seen.add(key)
-            result = _attempt(log, sample, where, prices, data.warnings)
+            result = _attempt(log, sample, where, length_h, prices, data.warnings)
             if isinstance(result, str):
                 if not skip_incomplete:
                     raise OpenRebenchError(f"{where}: {result}; pass --skip-incomplete to leave such samples "

@@ -3,7 +3,7 @@
 from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_binary, bwrap_command, bwrap_usable
 from ._calibration import CalibrationRecord, Stats, calibrate, constants_for, find_record, save_record
 from ._cgroup import Cgroup
-from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec
+from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec, describe_duration
 from ._errors import OpenRebenchError
 from ._gpus import GpuLease, visible_gpus
 from ._guard import TamperGuard
@@ -46,6 +46,7 @@ __all__ = [
     "calibrate",
     "calibrate_environment",
     "constants_for",
+    "describe_duration",
     "detect_hardware",
     "final_row",
     "final_score",

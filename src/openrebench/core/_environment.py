@@ -14,6 +14,13 @@ from pydantic import BaseModel, Field
 from ._errors import OpenRebenchError
 
 
+def describe_duration(seconds: float) -> str:
+    """A working time as the agent reads it: minutes under two hours ("30 minutes"), else hours."""
+    value, unit = (seconds / 60, "minute") if seconds < 7200 else (seconds / 3600, "hour")
+    value = round(value, 1)
+    return f"{value:g} {unit}{'' if value == 1 else 's'}"
+
+
 class Direction(StrEnum):
     """Which row of the score log counts: the lowest, the highest, or the last valid one."""
 
@@ -94,11 +101,15 @@ class Environment(ABC):
             known = ", ".join(self.tiers)
             raise OpenRebenchError(f"unknown tier '{name}' for {self.id} (known: {known})") from None
 
-    def instructions(self, tier: str) -> str:
+    def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
+        """The agent's instructions; `time_limit_s` is the working time it really has (default: the
+        tier's), told as `$time_limit` ("30 minutes", "8 hours")."""
         spec = self.tier(tier)
+        seconds = spec.time_limit_hours * 3600 if time_limit_s is None else time_limit_s
         text = (self.root / "instructions.md").read_text()
         values = {"tier": spec.name, "device": spec.device, "hardware": spec.hardware,
-                  "time_limit_hours": f"{spec.time_limit_hours:g}", **spec.params}
+                  "time_limit": describe_duration(seconds), "time_limit_hours": f"{seconds / 3600:g}",
+                  **spec.params}
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # noqa: B027 - optional hook

@@ -2,9 +2,23 @@
 
 from ._offline import use_local_tiktoken_cache
 from ._sandbox import OpenRebenchSandbox, SandboxConfig
-from ._task import TASKS, oracle, rebench_task, run_score, score, score_log
+from ._task import (
+    AGENTS,
+    ISOLATIONS,
+    TASKS,
+    TIME_LIMIT_RANGE,
+    TIME_LIMIT_RANGE_S,
+    TaskArgError,
+    check_time_limit,
+    oracle,
+    rebench_task,
+    run_score,
+    score,
+    score_log,
+)
 
 use_local_tiktoken_cache()  # before Inspect first counts tokens
 
-__all__ = ["TASKS", "OpenRebenchSandbox", "SandboxConfig", "oracle", "rebench_task", "run_score", "score",
-           "score_log"]
+__all__ = ["AGENTS", "ISOLATIONS", "TASKS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "OpenRebenchSandbox",
+           "SandboxConfig", "TaskArgError", "check_time_limit", "oracle", "rebench_task", "run_score",
+           "score", "score_log"]

@@ -1,0 +1,178 @@
+"""`openrebench eval` and the Inspect tasks: time limits checked in one line, the time the agent is told,
+failures listed with a non-zero exit, and a log-viewing hint that works as printed."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from inspect_ai.log import EvalError, EvalLog
+from typer.testing import CliRunner
+
+from analysis_helpers import real_log
+from openrebench.cli import _duration, _exit_code, _failures, app
+from openrebench.core import OpenRebenchError, describe_duration
+from openrebench.harness import TASKS, TaskArgError
+from openrebench.harness._task import system_prompt
+
+RANGE = "1 minute to 7 days (60 to 604800 seconds)"
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("limit", ["0", "0.001s", "59s", "1e9h", "-5m", "8d", "nan", "inf", "-inf"])
+def test_time_limits_outside_a_minute_to_a_week_are_refused_in_one_line(tmp_path: Path, limit: str) -> None:
+    code, out = invoke("eval", "optimize_kernel", "--time-limit", limit, "--log-dir", str(tmp_path / "logs"),
+                       "--runs-dir", str(tmp_path / "runs"))
+    assert code == 1, out
+    assert f"error: --time-limit {limit} is out of range: use {RANGE}" in out
+    assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "runs").exists()
+
+
+def test_durations_take_units_and_the_range_ends() -> None:
+    assert [_duration(x) for x in ("60", "60s", "30m", "1.5h", "2h", "7d", " 90m ")] == \
+        [60, 60, 1800, 5400, 7200, 604800, 5400]
+    with pytest.raises(OpenRebenchError, match=re.escape("bad --time-limit 'soon' (use e.g. 90s, 30m, 2h")):
+        _duration("soon")
+
+
+def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENREBENCH_GPUS", "")
+    code, out = invoke("eval", "optimize_kernel", "--tier", "full", "--log-dir", str(tmp_path / "logs"))
+    assert code == 1
+    assert "error: optimize_kernel (full) needs 1 GPU(s); this machine shows 0" in out
+    assert len(out.strip().splitlines()) == 1 and not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"time_limit": 0}, f"time_limit 0 is out of range: use {RANGE}"),
+    ({"time_limit": "0.001"}, "time_limit 0.001 is out of range"),
+    ({"time_limit": float("nan")}, "time_limit nan is out of range"),
+    ({"time_limit": "inf"}, "time_limit inf is out of range"),
+    ({"time_limit": 1e12}, "time_limit 1e+12 is out of range"),
+    ({"time_limit": "30m"}, "time_limit '30m' is not a number of seconds"),
+    ({"tier": "huge"}, "unknown tier 'huge' for optimize_kernel (known: mini, full)"),
+    ({"agent": "gpt"}, "unknown agent 'gpt' (known: oracle, react, human)"),
+    ({"isolation": "docker"}, "unknown isolation 'docker' (known: auto, bwrap, local)"),
+])
+def test_bad_task_args_give_one_line(args: dict[str, object], message: str) -> None:
+    with pytest.raises(TaskArgError) as info:
+        TASKS["optimize_kernel"](**args)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert info.value.message == f"error: {info.value}"  # what `inspect eval` prints, without a traceback
+
+
+@pytest.mark.slow
+def test_inspect_eval_refuses_a_zero_time_limit_without_a_traceback(tmp_path: Path) -> None:
+    inspect = Path(sys.executable).parent / "inspect"
+    result = subprocess.run([str(inspect), "eval", "openrebench/optimize_kernel", "-T", "time_limit=0",
+                             "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "error: time_limit 0 is out of range" in " ".join(out.split()) and "Traceback" not in out
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (60, "1 minute"), (1800, "30 minutes"), (5400, "90 minutes"), (7199, "120 minutes"), (7200, "2 hours"),
+    (9000, "2.5 hours"), (28800, "8 hours"), (3600 * 24, "24 hours")])
+def test_working_time_reads_in_minutes_under_two_hours_else_hours(seconds: float, text: str) -> None:
+    assert describe_duration(seconds) == text
+
+
+def test_the_agent_is_told_the_working_limit_inspect_enforces() -> None:
+    task = TASKS["optimize_kernel"](time_limit="1800")  # -T values may arrive as strings
+    assert task.working_limit == 1800
+    (sample,) = task.dataset
+    assert "You have 30 minutes of working time" in str(sample.input) and "hours" not in str(sample.input)
+    assert "You have 30 minutes of working time" in system_prompt("optimize_kernel", 1800)
+    default = TASKS["scaling_law"](tier="full")
+    assert default.working_limit == 8 * 3600
+    assert "You have 8 hours of working time" in str(default.dataset[0].input)
+
+
+def test_the_runs_directory_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    task = TASKS["optimize_kernel"](runs_dir="runs")
+    assert task.sandbox is not None
+    assert task.sandbox.config.runs_dir == str(tmp_path.resolve() / "runs")  # type: ignore[union-attr]
+
+
+def _sample_error(log: EvalLog, message: str, traceback: str = "") -> None:
+    log.samples[0].scores = None  # type: ignore[index]
+    log.samples[0].error = EvalError(message=message, traceback=traceback, traceback_ansi="")  # type: ignore[index]
+
+
+def test_a_successful_log_is_no_failure() -> None:
+    assert _failures([real_log()], ["optimize_kernel"]) == [] and _exit_code([]) == 0
+
+
+def test_failed_and_unscored_samples_are_listed_even_in_a_successful_log() -> None:
+    errored, unscored = real_log(), real_log()
+    _sample_error(errored, "NotADirectoryError(20, 'Not a directory')",
+                  "Traceback (most recent call last):\n  File ...\nNotADirectoryError: [Errno 20] Not a "
+                  "directory: '/x/runs'\n")
+    unscored.samples[0].scores = {}  # type: ignore[index]
+    failures = _failures([errored, unscored], ["optimize_kernel"])
+    assert failures == [
+        ("optimize_kernel (epoch 1)", "error", "NotADirectoryError: [Errno 20] Not a directory: '/x/runs'"),
+        ("optimize_kernel (epoch 1)", "unscored", "the sample was not scored")]
+    assert _exit_code(failures) == 1
+
+
+def test_a_failed_eval_gives_its_reason_in_one_line() -> None:
+    log = real_log()
+    log.samples, log.status = [], "error"
+    log.error = EvalError(message="OpenRebenchError('this environment needs 1 GPU(s); this machine shows 0')",
+                          traceback="", traceback_ansi="")
+    failures = _failures([log], ["optimize_kernel"])
+    assert failures == [("optimize_kernel", "error",
+                         "OpenRebenchError: this environment needs 1 GPU(s); this machine shows 0")]
+    assert _exit_code(failures) == 1
+
+
+def test_an_interrupted_eval_exits_130() -> None:
+    """On Ctrl-C Inspect returns no logs at all (it writes them cancelled), or a cancelled one."""
+    assert _failures([], ["optimize_kernel"]) == [
+        ("optimize_kernel", "cancelled", "interrupted (its log in --log-dir says how far it got)")]
+    log = real_log()
+    log.samples, log.status = [], "cancelled"
+    failures = _failures([log], ["optimize_kernel"])
+    assert failures == [("optimize_kernel", "cancelled", "interrupted")] and _exit_code(failures) == 130
+
+
+@pytest.mark.slow
+def test_a_failing_eval_exits_1_lists_the_failure_and_a_working_view_command(tmp_path: Path) -> None:
+    """The run directory cannot be made (runs dir is a file): the sample fails at set-up, through Inspect."""
+    (tmp_path / "runs").write_text("not a directory")
+    logs = tmp_path / "logs"
+    result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--log-dir", str(logs), "--runs-dir",
+                                      str(tmp_path / "runs"), "--display", "none"])
+    out = result.output
+    assert result.exit_code == 1, out
+    assert ("error: optimize_kernel (epoch 1): NotADirectoryError: [Errno 20] Not a directory: "
+            f"'{tmp_path}") in out
+    inspect = Path(sys.executable).parent / "inspect"
+    assert f"`{inspect} view --log-dir {logs}`" in out
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    (info,) = list_eval_logs(str(logs))
+    assert read_eval_log(info).eval.model == "none/none"  # the oracle uses no model, and the log says so
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_view_runs_the_venv_inspect_on_logs_demo() -> None:
+    root = Path(__file__).parent.parent
+    for extra, log_dir in (([], "logs/demo"), (["LOG_DIR=logs/x"], "logs/x")):
+        out = subprocess.run(["make", "-n", "view", *extra], capture_output=True, text=True, cwd=root).stdout
+        assert f".venv/bin/inspect view --log-dir {log_dir}" in out
