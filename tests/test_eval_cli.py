@@ -46,10 +46,13 @@ def test_durations_take_units_and_the_range_ends() -> None:
 
 def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENREBENCH_GPUS", "")
+    from openrebench.core import _hardware
+
+    cpu_only = _hardware.detect_hardware().model_copy(update={"gpu_count": 0, "gpu_model": None})
+    monkeypatch.setattr(_hardware, "detect_hardware", lambda: cpu_only)
     code, out = invoke("eval", "optimize_kernel", "--tier", "full", "--log-dir", str(tmp_path / "logs"))
     assert code == 1
-    assert "error: optimize_kernel (full) needs 1 GPU(s); this machine shows 0" in out
+    assert "error: optimize_kernel: the full tier needs 1 CUDA GPU(s)" in " ".join(out.split())
     assert len(out.strip().splitlines()) == 1 and not (tmp_path / "logs").exists()
 
 

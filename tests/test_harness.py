@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from inspect_ai import eval as inspect_eval
 from inspect_ai.model import ModelOutput, get_model
 
-from openrebench.core import bwrap_binary
+from openrebench.core import Run, bwrap_binary
 from openrebench.environments import get_environment
 from openrebench.harness import TASKS
 
@@ -46,20 +48,40 @@ def test_scripted_agent_scores_broken_then_reference(tmp_path: Path) -> None:
     assert list((tmp_path / "logs").glob("*.eval"))
 
 
-def test_oracle_through_openrebench_eval(tmp_path: Path) -> None:
+def test_oracle_through_openrebench_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `make demo` runs it: relative log and runs directories."""
     from typer.testing import CliRunner
 
     from openrebench.cli import app
 
-    result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--log-dir", str(tmp_path / "logs"),
-                                      "--runs-dir", str(tmp_path / "runs")])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--log-dir", "logs/demo", "--runs-dir",
+                                      "runs/demo"])
     assert result.exit_code == 0, result.output
     assert "optimize_kernel" in result.output and "Inspect logs" in result.output
     from inspect_ai.log import list_eval_logs, read_eval_log
 
-    (info,) = list_eval_logs(str(tmp_path / "logs"))
+    (info,) = list_eval_logs(str(tmp_path / "logs" / "demo"))
     log = read_eval_log(info)
     assert log.results.scores[0].metrics["mean"].value >= 0.9
+    (run_dir,) = (tmp_path / "runs" / "demo").iterdir()
+    assert all(r.valid for r in Run.open(run_dir).rows()[0])
+
+
+def test_inspect_eval_as_the_readme_writes_it(tmp_path: Path) -> None:
+    """`inspect eval openrebench/<env>` from a fresh folder: its default runs directory is relative."""
+    inspect = Path(sys.executable).parent / "inspect"
+    proc = subprocess.run([str(inspect), "eval", "openrebench/optimize_kernel", "-T", "tier=mini", "--model",
+                           "none", "--log-dir", "logs", "--display", "plain"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows, _ = Run.open(run_dir).rows()
+    assert rows and all(r.valid for r in rows), rows
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    (info,) = list_eval_logs(str(tmp_path / "logs"))
+    assert read_eval_log(info).results.scores[0].metrics["mean"].value > 0.5
 
 
 HUMAN_EVAL = """

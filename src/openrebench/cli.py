@@ -282,14 +282,18 @@ def _duration(text: str) -> float:
 
 
 def _check_gpus(env_ids: list[str], tier: str) -> None:
-    """Fail before Inspect starts when a tier needs more GPUs than this machine shows."""
+    """Fail before Inspect starts when a tier needs a GPU this machine lacks, or more GPUs than the
+    pool attempts lease from (OPENREBENCH_GPUS) holds."""
     from openrebench.core import visible_gpus
+    from openrebench.core._hardware import tier_hardware_problem
 
-    have = len(visible_gpus())
     for env_id in env_ids:
-        if (need := _env(env_id).tier(tier).gpu_count) > have:
-            raise OpenRebenchError(f"{env_id} ({tier}) needs {need} GPU(s); this machine shows {have} "
-                                   "(the mini tier runs on a CPU)")
+        spec = _env(env_id).tier(tier)
+        if problem := tier_hardware_problem(spec):
+            raise OpenRebenchError(f"{env_id}: {problem}")
+        if spec.gpu_count > (have := len(visible_gpus())):
+            raise OpenRebenchError(f"{env_id} ({tier}) needs {spec.gpu_count} GPU(s); the pool holds {have} "
+                                   "(OPENREBENCH_GPUS)")
 
 
 def _one_line(error: Any) -> str:
