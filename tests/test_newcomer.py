@@ -89,6 +89,11 @@ def test_the_full_tier_without_a_gpu_stops_before_building(tmp_path: Path,
         assert not (tmp_path / env_id).exists()
     result = runner.invoke(app, ["start", "optimize_kernel", "--tier", "full", str(tmp_path / "k")])
     assert result.exit_code == 1 and "CUDA GPU" in result.output and "Traceback" not in result.output
+    from openrebench.harness import TASKS
+
+    monkeypatch.setattr(_hardware, "detect_hardware", _run.detect_hardware)
+    with pytest.raises(OpenRebenchError, match="sees no CUDA GPU"):  # `inspect eval -T tier=full`
+        TASKS["optimize_kernel"](tier="full")
 
 
 # -- whose failure -----------------------------------------------------------------------------------

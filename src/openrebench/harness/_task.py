@@ -15,6 +15,7 @@ from inspect_ai.tool import Tool, bash, python, tool
 from inspect_ai.util import sandbox
 
 from openrebench.core import OpenRebenchError, describe_duration, final_row, final_score
+from openrebench.core._hardware import tier_hardware_problem
 from openrebench.environments import ENVIRONMENTS, get_environment
 
 from ._sandbox import OpenRebenchSandbox, SandboxConfig, format_log
@@ -167,6 +168,8 @@ def _task_args(env_id: str, tier: str, agent: str, time_limit: float | str | Non
         spec = get_environment(env_id).tier(str(tier))
     except OpenRebenchError as e:
         raise TaskArgError(str(e)) from None
+    if problem := tier_hardware_problem(spec):  # before any sample builds for minutes in vain
+        raise TaskArgError(f"{env_id}: {problem}")
     for name, value, known in (("agent", agent, AGENTS), ("isolation", isolation, ISOLATIONS)):
         if value not in known:
             raise TaskArgError(f"unknown {name} '{value}' (known: {', '.join(known)})")
