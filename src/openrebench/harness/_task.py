@@ -15,6 +15,7 @@ from inspect_ai.util import sandbox
 from openrebench.core import final_row, final_score
 from openrebench.environments import ENVIRONMENTS, get_environment
 
+from ._limits import agent_limits, stop_when_idle
 from ._sandbox import OpenRebenchSandbox, SandboxConfig, format_log
 
 SYSTEM_PROMPT = """You are working on a machine-learning research-engineering task from RE-Bench. \
@@ -97,7 +98,8 @@ def make_agent(name: str, env_id: str, tier: str, hours: float) -> Agent | Any:
         env = get_environment(env_id)
         which = {"min": "lowest", "max": "highest", "last": "last"}[env.direction.value]
         return react(prompt=SYSTEM_PROMPT.format(hours=hours, which=which),
-                     tools=[bash(timeout=3600), python(timeout=3600), score(), score_log()])
+                     tools=[bash(timeout=3600), python(timeout=3600), score(), score_log()],
+                     on_continue=stop_when_idle())
     if name == "human":
         from inspect_ai.agent import human_cli
 
@@ -126,10 +128,12 @@ def run_score() -> Scorer:
 
 
 def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
-                 runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                 runs_dir: str = "runs", isolation: str = "auto", message_limit: int | str | None = None,
+                 token_limit: int | str | None = None) -> Task:
     env = get_environment(env_id)
     spec = env.tier(tier)
     seconds = time_limit if time_limit is not None else spec.time_limit_hours * 3600
+    limits = agent_limits(agent, seconds, message_limit, token_limit)
     config = SandboxConfig(env_id=env_id, tier=tier, runs_dir=runs_dir,
                            isolation=isolation, time_limit_s=seconds)  # type: ignore[arg-type]
     return Task(
@@ -139,44 +143,56 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle", time_li
         scorer=run_score(),
         sandbox=("openrebench", config),
         working_limit=int(seconds),
+        message_limit=limits.messages,
+        token_limit=limits.tokens,
         name=env_id,
-        metadata={"env_id": env_id, "tier": tier, "agent": agent},
+        metadata={"env_id": env_id, "tier": tier, "agent": agent, **limits.metadata()},
     )
 
 
 @task
 def optimize_kernel(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
-                    runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                    runs_dir: str = "runs", isolation: str = "auto",
+                    message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Optimize a Kernel" (ai_rd_triton_cumsum)."""
-    return rebench_task("optimize_kernel", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("optimize_kernel", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def fix_embedding(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
-                  runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                  runs_dir: str = "runs", isolation: str = "auto",
+                  message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Fix Embedding" (ai_rd_fix_embedding)."""
-    return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def optimize_finetune(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
-                      runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                      runs_dir: str = "runs", isolation: str = "auto",
+                      message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Optimize LLM Foundry" (ai_rd_optimize_llm_foundry)."""
-    return rebench_task("optimize_finetune", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("optimize_finetune", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def restricted_mlm(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
-                   runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                   runs_dir: str = "runs", isolation: str = "auto",
+                   message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Restricted Architecture MLM" (ai_rd_restricted_mlm)."""
-    return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def scaling_law(tier: str = "mini", agent: str = "oracle", time_limit: float | None = None,
-                runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                runs_dir: str = "runs", isolation: str = "auto",
+                message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Scaling Law Experiment" (ai_rd_small_scaling_law)."""
-    return rebench_task("scaling_law", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("scaling_law", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm,
