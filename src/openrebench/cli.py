@@ -293,9 +293,7 @@ def eval_(
     from inspect_ai import eval_set
 
     from openrebench.environments import ENVIRONMENTS
-    from openrebench.harness import TASKS
-    from openrebench.harness._limits import ended, results_caption
-    from openrebench.harness._models import check_client, estimate_run
+    from openrebench.harness import TASKS, check_client, ended, estimate_run, results_caption
 
     ids = list(ENVIRONMENTS) if env_ids == ["all"] else env_ids
     for env_id in ids:

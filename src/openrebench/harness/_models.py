@@ -1,7 +1,7 @@
 """Real models: the client package each Inspect provider needs, and a cost bound before a run.
 
-Inspect imports a provider's client only when the model is created, after the command has parsed
-its options; `check_client` names the openrebench extra that installs it before anything is set up.
+Inspect checks a provider's client only when `eval` creates the model, with its own pip hint;
+`check_client` names the openrebench extra that installs it, before any run is set up.
 The installed Inspect's model database has no prices (its `ModelCost` is filled only by
 `--model-cost-config`), so a small table of list prices ships here, overridable with `--prices`.
 """
@@ -66,13 +66,9 @@ LIST_PRICES: dict[str, dict[str, float]] = {
     "google/gemini-2.5-flash": {"input": 0.30, "output": 2.50},
 }
 
-DEFAULT_MAX_COST = 50.0  # US$: above this bound `openrebench eval` asks for --yes
-
-
 def _short(path: Path) -> str:
     try:
-        rel = path.relative_to(Path.cwd())
-        return str(rel) if str(rel) != "." else "."
+        return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
 
@@ -165,10 +161,10 @@ class Estimate:
         return self.tokens * max(self.price.get("input", 0.0), self.price.get("output", 0.0)) / 1e6
 
     def lines(self) -> list[str]:
-        lim, per = self.limits[0], self.seconds[0]
+        lim, per = self.limits[0], max(self.seconds)
         same = all(x == lim for x in self.limits) and all(s == per for s in self.seconds)
         each = (f"each stopped at {lim.describe()} or {fmt_duration(per)} of working time" if same
-                else "limits per environment as in the table")
+                else "limits scaled to each environment's working time")
         envs = f"{self.envs} environment{'s' * (self.envs != 1)}"
         out = [f"Estimate: {self.attempts} attempt{'s' * (self.attempts != 1)} ({envs} × {self.epochs} "
                f"epoch{'s' * (self.epochs != 1)}), {each}."]
@@ -189,9 +185,9 @@ class Estimate:
                        f"${price.get(dear, 0):.2f} per 1M ({self.model}'s {dear} price; {other} "
                        f"${price.get(other, 0):.2f}; {self.source}); about ${likely:,.2f} if, as usual, "
                        "nearly all are input tokens.")
-        total = self.epochs * sum(self.seconds)
-        out.append(f"Time: {fmt_duration(per)} of working time per attempt, at most {fmt_duration(total)} "
-                   "in all (attempts run in parallel up to --max-samples).")
+        total, upto = fmt_duration(self.epochs * sum(self.seconds)), "" if same else "up to "
+        out.append(f"Time: {upto}{fmt_duration(per)} of working time per attempt, at most {total} in all "
+                   "(attempts run in parallel up to --max-samples).")
         return out
 
     def check(self, max_cost: float, yes: bool) -> None:
