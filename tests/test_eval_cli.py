@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from analysis_helpers import real_log
 from openrebench.cli import _duration, _exit_code, _failures, app
 from openrebench.core import OpenRebenchError, describe_duration
+from openrebench.environments import get_environment
 from openrebench.harness import TASKS, TaskArgError
 from openrebench.harness._task import system_prompt
 
@@ -99,9 +100,10 @@ def test_the_agent_is_told_the_working_limit_inspect_enforces() -> None:
     (sample,) = task.dataset
     assert "You have 30 minutes of working time" in str(sample.input) and "hours" not in str(sample.input)
     assert "You have 30 minutes of working time" in system_prompt("optimize_kernel", 1800)
-    default = TASKS["scaling_law"](tier="full")
-    assert default.working_limit == 8 * 3600
-    assert "You have 8 hours of working time" in str(default.dataset[0].input)
+    default = TASKS["optimize_kernel"]()  # the tier's own limit, in hours from two hours up
+    hours = get_environment("optimize_kernel").tier("mini").time_limit_hours
+    assert hours >= 2 and default.working_limit == hours * 3600
+    assert f"You have {hours:g} hours of working time" in str(default.dataset[0].input)
 
 
 def test_the_runs_directory_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,7 @@ def test_oracle_through_openrebench_eval(tmp_path: Path, monkeypatch: pytest.Mon
                                       "runs/demo"])
     assert result.exit_code == 0, result.output
     assert "optimize_kernel" in result.output and "Inspect logs" in result.output
+    assert "Estimate" not in result.output  # no cost estimate for the oracle
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     (info,) = list_eval_logs(str(tmp_path / "logs" / "demo"))

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -36,7 +37,7 @@ def _user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except OpenRebenchError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("[bold red]interrupted[/]")
@@ -369,6 +370,16 @@ def eval_(
     max_samples: Annotated[int | None, typer.Option(help="Attempts run at once.")] = None,
     display: Annotated[str | None, typer.Option(help="Inspect's progress display: full, rich, plain, "
                                                      "none (default: Inspect's).")] = None,
+    message_limit: Annotated[str | None, typer.Option(help="Messages per attempt (react default: 300 per "
+                                                           "hour of working time, at least 40).")] = None,
+    token_limit: Annotated[str | None, typer.Option(help="Tokens per attempt, e.g. 500k or 2M (react "
+                                                         "default: 2M per hour of working time).")] = None,
+    prices: Annotated[Path | None, typer.Option(help="JSON of US$ per 1M tokens by model for the cost "
+                                                     'estimate: {"openai/gpt-4o": {"input": 2.5, '
+                                                     '"output": 10}}.')] = None,
+    max_cost: Annotated[float, typer.Option(help="Stop before a react run whose cost bound (US$) is "
+                                                 "above this, unless --yes.")] = 50.0,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Run even above --max-cost.")] = False,
 ) -> None:
     """Run agents on environments through Inspect AI, then print a results table.
 
@@ -378,7 +389,15 @@ def eval_(
     from inspect_ai import eval_set
 
     from openrebench.environments import ENVIRONMENTS
-    from openrebench.harness import AGENTS, ISOLATIONS, TASKS
+    from openrebench.harness import (
+        AGENTS,
+        ISOLATIONS,
+        TASKS,
+        check_client,
+        ended,
+        estimate_run,
+        results_caption,
+    )
 
     ids = list(ENVIRONMENTS) if env_ids == ["all"] else env_ids
     for env_id in ids:
@@ -394,10 +413,16 @@ def eval_(
             raise OpenRebenchError(f"--isolation bwrap: {problem}")
     if agent == "react" and model is None:
         raise OpenRebenchError("the react agent needs --model")
+    if model is not None:
+        check_client(model)
     seconds = _duration(time_limit) if time_limit else None
     _check_gpus(ids, tier)
+    if agent == "react" and model is not None:
+        estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices)
+        console.print("\n".join(estimate.lines()), highlight=False, markup=False)
+        estimate.check(max_cost, yes)
     tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
-                      isolation=isolation) for e in ids]
+                      isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
                "max_samples": max_samples, "display": display}
@@ -405,15 +430,16 @@ def eval_(
         _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
     else:
         logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
-    table = Table(title=f"openrebench eval — {agent} on {tier}")
-    for col in ("environment", "epoch", "normalised", "raw", "run"):
+    table = Table(title=f"openrebench eval — {agent} on {tier}", caption=results_caption(logs),
+                  caption_justify="left")
+    for col in ("environment", "epoch", "normalised", "raw", "ended", "run"):
         table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")
     for log in logs:
         for sample in log.samples or []:
             for score in (sample.scores or {}).values():
                 meta = score.metadata or {}
                 table.add_row(log.eval.task, str(sample.epoch), f"{float(score.value):.3f}",
-                              _fmt(meta.get("raw")), str(meta.get("run_dir", "")))
+                              _fmt(meta.get("raw")), ended(sample), str(meta.get("run_dir", "")))
     if table.rows:
         console.print(table)
     failures = _failures(logs, [t.name for t in tasks])

@@ -1,5 +1,7 @@
 """The agent harness on Inspect AI: the bubblewrap sandbox, the score tools, agents and tasks."""
 
+from ._limits import Limits, agent_limits, ended, results_caption
+from ._models import Estimate, check_client, estimate_run
 from ._offline import use_local_tiktoken_cache
 from ._sandbox import OpenRebenchSandbox, SandboxConfig
 from ._task import (
@@ -19,6 +21,7 @@ from ._task import (
 
 use_local_tiktoken_cache()  # before Inspect first counts tokens
 
-__all__ = ["AGENTS", "ISOLATIONS", "TASKS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "OpenRebenchSandbox",
-           "SandboxConfig", "TaskArgError", "check_time_limit", "oracle", "rebench_task", "run_score",
-           "score", "score_log"]
+__all__ = ["AGENTS", "ISOLATIONS", "TASKS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "Estimate", "Limits",
+           "OpenRebenchSandbox", "SandboxConfig", "TaskArgError", "agent_limits", "check_client",
+           "check_time_limit", "ended", "estimate_run", "oracle", "rebench_task", "results_caption",
+           "run_score", "score", "score_log"]

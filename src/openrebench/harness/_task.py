@@ -18,6 +18,7 @@ from openrebench.core import OpenRebenchError, describe_duration, final_row, fin
 from openrebench.core._hardware import tier_hardware_problem
 from openrebench.environments import ENVIRONMENTS, get_environment
 
+from ._limits import agent_limits, stop_when_idle
 from ._sandbox import OpenRebenchSandbox, SandboxConfig, format_log
 
 SYSTEM_PROMPT = """You are working on a machine-learning research-engineering task from RE-Bench. \
@@ -104,7 +105,8 @@ def make_agent(name: str, env_id: str, tier: str, time_limit_s: float) -> Agent 
         return oracle()
     if name == "react":
         return react(prompt=system_prompt(env_id, time_limit_s),
-                     tools=[bash(timeout=3600), python(timeout=3600), score(), score_log()])
+                     tools=[bash(timeout=3600), python(timeout=3600), score(), score_log()],
+                     on_continue=stop_when_idle())
     if name == "human":
         from inspect_ai.agent import human_cli
 
@@ -184,14 +186,15 @@ def _task_args(env_id: str, tier: str, agent: str, time_limit: float | str | Non
 
 
 def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
-                 time_limit: float | str | None = None, runs_dir: str = "runs",
-                 isolation: str = "auto") -> Task:
+                 time_limit: float | str | None = None, runs_dir: str = "runs", isolation: str = "auto",
+                 message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """The Inspect task for one environment; `time_limit` is the working time in seconds (default: the
     tier's), `runs_dir` where run directories go (made absolute here, so the runs stay put whatever
     the working directory of the code that reads them)."""
     env = get_environment(env_id)
     seconds = _task_args(env_id, tier, agent, time_limit, isolation)
     runs_dir = str(Path(runs_dir).expanduser().resolve())
+    limits = agent_limits(agent, seconds, message_limit, token_limit)
     config = SandboxConfig(env_id=env_id, tier=tier, runs_dir=runs_dir,
                            isolation=isolation, time_limit_s=seconds)  # type: ignore[arg-type]
     return Task(
@@ -201,44 +204,56 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
         scorer=run_score(),
         sandbox=("openrebench", config),
         working_limit=int(seconds),
+        message_limit=limits.messages,
+        token_limit=limits.tokens,
         name=env_id,
-        metadata={"env_id": env_id, "tier": tier, "agent": agent},
+        metadata={"env_id": env_id, "tier": tier, "agent": agent, **limits.metadata()},
     )
 
 
 @task
 def optimize_kernel(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                    runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                    runs_dir: str = "runs", isolation: str = "auto",
+                    message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Optimize a Kernel" (ai_rd_triton_cumsum)."""
-    return rebench_task("optimize_kernel", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("optimize_kernel", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def fix_embedding(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                  runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                  runs_dir: str = "runs", isolation: str = "auto",
+                  message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Fix Embedding" (ai_rd_fix_embedding)."""
-    return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def optimize_finetune(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                      runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                      runs_dir: str = "runs", isolation: str = "auto",
+                      message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Optimize LLM Foundry" (ai_rd_optimize_llm_foundry)."""
-    return rebench_task("optimize_finetune", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("optimize_finetune", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def restricted_mlm(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                   runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                   runs_dir: str = "runs", isolation: str = "auto",
+                   message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Restricted Architecture MLM" (ai_rd_restricted_mlm)."""
-    return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 @task
 def scaling_law(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                runs_dir: str = "runs", isolation: str = "auto") -> Task:
+                runs_dir: str = "runs", isolation: str = "auto",
+                message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
     """RE-Bench "Scaling Law Experiment" (ai_rd_small_scaling_law)."""
-    return rebench_task("scaling_law", tier, agent, time_limit, runs_dir, isolation)
+    return rebench_task("scaling_law", tier, agent, time_limit, runs_dir, isolation, message_limit,
+                        token_limit)
 
 
 TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm,
