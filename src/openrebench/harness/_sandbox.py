@@ -47,6 +47,7 @@ from openrebench.core import (
     ScoreRow,
     bwrap_command,
     bwrap_usable,
+    reporting,
     score_run,
     start_run,
 )
@@ -54,6 +55,7 @@ from openrebench.core._bwrap import sandbox_path
 from openrebench.environments import get_environment
 
 from . import _score_client
+from ._progress import InspectProgress
 
 MAX_OUTPUT = 10 * 1024 * 1024
 MAX_REQUEST = 4096  # bytes of one request line on the scoring socket
@@ -190,9 +192,10 @@ class OpenRebenchSandbox(SandboxEnvironment):
                                        f"{uuid.uuid4().hex[:6]}"
         try:
             devices = lease.device_nodes() if lease else None
-            run, _ = await anyio.to_thread.run_sync(
-                lambda: start_run(config.env_id, config.tier, path, sandboxed=isolation == "bwrap",
-                                  devices=devices))
+            with reporting(InspectProgress()):  # asset builds show in Inspect's footer
+                run, _ = await anyio.to_thread.run_sync(
+                    lambda: start_run(config.env_id, config.tier, path, sandboxed=isolation == "bwrap",
+                                      devices=devices))
             return {"default": await cls.for_run(run, config, isolation=isolation, lease=lease)}
         except BaseException:
             if lease:
