@@ -68,6 +68,19 @@ def test_without_a_sink_stages_report_nothing_and_updates_are_throttled() -> Non
     assert len(seen) < 20, len(seen)  # a fast loop is not reported step by step
 
 
+def test_a_label_changed_just_before_an_inner_stage_is_not_shown_late() -> None:
+    seen: list[StageUpdate] = []
+    with reporting(seen.append), stage("experiments", total=2) as runs:
+        for width in (8, 16):
+            runs.update(what=f"experiment n_embd={width}")  # within the throttle's interval
+            with stage("training"):
+                pass
+            runs.advance()
+    starts = [u.label for u in seen if not u.done]
+    assert starts == ["experiments", "experiment n_embd=8", "experiment n_embd=8 › training",
+                      "experiment n_embd=16", "experiment n_embd=16 › training"], starts
+
+
 def test_the_sink_follows_the_work_into_worker_threads(unthrottled: None) -> None:
     seen: list[StageUpdate] = []
 
@@ -126,11 +139,12 @@ def test_the_default_display_on_a_captured_stderr_does_not_crash(capsys: pytest.
     assert "quick: done in" in capsys.readouterr().err
 
 
-def test_inspect_footer_is_updated_on_the_event_loop_thread(unthrottled: None) -> None:
+def test_inspect_footer_is_updated_in_a_task_on_the_event_loop_thread(unthrottled: None) -> None:
     calls: list[tuple[str, str, bool]] = []
 
-    def counter(caption: str, value: str) -> None:
-        calls.append((caption, value, threading.current_thread() is threading.main_thread()))
+    def counter(caption: str, value: str) -> None:  # Inspect's display throttles with background tasks
+        in_a_task = asyncio.current_task() is not None
+        calls.append((caption, value, threading.current_thread() is threading.main_thread() and in_a_task))
 
     def build() -> None:
         with stage("mini corpus"), stage("tokenising [batch]", total=2) as s:
@@ -139,7 +153,7 @@ def test_inspect_footer_is_updated_on_the_event_loop_thread(unthrottled: None) -
     async def sample_init() -> None:
         with reporting(InspectProgress(counter)):
             await anyio.to_thread.run_sync(build)
-        await asyncio.sleep(0)  # let the loop run what the worker handed over
+        await asyncio.sleep(0.1)  # let the loop run what the worker handed over
 
     asyncio.run(sample_init())
     assert all(caption == CAPTION and on_loop for caption, _, on_loop in calls), calls

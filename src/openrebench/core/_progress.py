@@ -63,12 +63,14 @@ _ids = itertools.count(1)
 
 class Stage:
     """A step of long work: `advance()` or `update(n)` as it goes; the sink sees at most one report per
-    THROTTLE_S, and always the first and the last."""
+    THROTTLE_S, always the first and the last, and the latest before a stage inside it begins (so that
+    a label changed just before, "experiment 3", is not shown late)."""
 
     def __init__(self, what: str, total: int | None, n: int, sink: Sink | None, parent: Stage | None) -> None:
         self.id, self.sink, self.total, self.n = next(_ids), sink, total, n
         self.path = (*parent.path, what) if parent else (what,)
         self.started = self._last = time.monotonic()
+        self._unsent = False
 
     def advance(self, k: int = 1) -> None:
         self.update(self.n + k)
@@ -80,12 +82,13 @@ class Stage:
             self.total = total
         if what is not None:
             self.path = (*self.path[:-1], what)
+        self._unsent = True
         if self.sink is not None and time.monotonic() - self._last >= THROTTLE_S:
             self._emit(done=False)
 
     def _emit(self, done: bool) -> None:
         if self.sink is not None:
-            self._last = time.monotonic()
+            self._last, self._unsent = time.monotonic(), False
             update = StageUpdate(self.id, self.path, self.n, self.total, done, self._last - self.started)
             try:
                 self.sink(update)
@@ -97,7 +100,10 @@ class Stage:
 @contextlib.contextmanager
 def stage(what: str, total: int | None = None, *, n: int = 0) -> Iterator[Stage]:
     """Report a step of long work (`what`, and `n` of `total` when known) to the active sink, if any."""
-    s = Stage(what, total, n, _sink.get(), _current.get())
+    parent = _current.get()
+    if parent is not None and parent._unsent:
+        parent._emit(done=False)
+    s = Stage(what, total, n, _sink.get(), parent)
     token = _current.set(s)
     s._emit(done=False)
     try:

@@ -1,14 +1,16 @@
 """Build progress inside an Inspect eval: a counter in the footer of Inspect's task display.
 
 A sample's run is set up in a worker thread (`anyio.to_thread`), while Inspect's display lives on the
-event loop's thread (Textual is not thread-safe), so updates are handed to the loop. Only the `full`,
-`conversation` and `rich` displays show counters (`plain` ignores them, `log` would log every update);
-stages that begin and end are logged at info level whatever the display.
+event loop's thread (Textual is not thread-safe) and throttles its redraws with background tasks; so
+each update goes to the loop as a task in the sample's context, where Inspect's own updates run. Only
+the `full`, `conversation` and `rich` displays show counters (`plain` ignores them, `log` would log
+every update); stages that begin and end are logged at info level whatever the display.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -39,6 +41,7 @@ class InspectProgress:
         except RuntimeError:
             self._loop = None
         self._thread = threading.get_ident()
+        self._context = contextvars.copy_context()
         self._announced: set[int] = set()
 
     def __call__(self, u: StageUpdate) -> None:
@@ -60,4 +63,14 @@ class InspectProgress:
         if self._loop is None or threading.get_ident() == self._thread:
             self.counter(CAPTION, value)
         elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.counter, CAPTION, value)
+            self._loop.call_soon_threadsafe(self._spawn, value)
+
+    def _spawn(self, value: str) -> None:
+        assert self._loop is not None
+        self._loop.create_task(self._update(value), context=self._context.copy())
+
+    async def _update(self, value: str) -> None:
+        try:
+            self.counter(CAPTION, value)
+        except Exception:  # the footer is a nicety: never an error in the eval
+            logger.debug("could not update Inspect's footer", exc_info=True)

@@ -45,9 +45,10 @@ def _initial_model(spec: TierSpec, cache_dir: Path) -> Path:
     p = spec.params
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
-        import torch
-        from transformers import GPT2LMHeadModel
-        from transformers.utils import logging
+        with stage("loading transformers"):  # seconds of imports on a busy CPU
+            import torch
+            from transformers import GPT2LMHeadModel
+            from transformers.utils import logging
 
         logging.disable_progress_bar()
         torch.manual_seed(p["init_seed"])
