@@ -96,6 +96,22 @@ def test_the_sink_follows_the_work_into_worker_threads(unthrottled: None) -> Non
     assert [u.label for u in seen if u.done] == ["outer › inner", "outer"]
 
 
+def test_a_stage_ended_by_an_error_says_so(unthrottled: None) -> None:
+    seen: list[StageUpdate] = []
+    with pytest.raises(KeyboardInterrupt), reporting(seen.append), stage("outer"):
+        with stage("fine"):
+            pass
+        with stage("interrupted"):
+            raise KeyboardInterrupt
+    assert [(u.label, u.failed) for u in seen if u.done] == [
+        ("outer › fine", False), ("outer › interrupted", True), ("outer", True)]
+    out = io.StringIO()
+    with pytest.raises(OSError), show_progress(Console(file=out)), stage("disk", total=4) as s:
+        s.advance()
+        raise OSError("no space left")
+    assert re.fullmatch(r"disk…\ndisk: 1/4 stopped after \d+\.\d s\n", out.getvalue()), out.getvalue()
+
+
 def test_a_failing_sink_does_not_stop_the_work(caplog: pytest.LogCaptureFixture) -> None:
     def broken(u: StageUpdate) -> None:
         raise OSError("terminal gone")

@@ -31,7 +31,8 @@ THROTTLE_S = 0.2  # at most five updates a second per stage (a CPU training step
 
 @dataclass(frozen=True)
 class StageUpdate:
-    """One report of a stage: it began (`n` where it starts), moved on, or ended (`done`)."""
+    """One report of a stage: it began (`n` where it starts), moved on, or ended (`done`; `failed` when an
+    exception or an interruption ended it)."""
 
     id: int
     path: tuple[str, ...]  # the labels of the stages it belongs to, then its own
@@ -39,6 +40,7 @@ class StageUpdate:
     total: int | None
     done: bool
     elapsed_s: float
+    failed: bool = False
 
     @property
     def what(self) -> str:
@@ -70,7 +72,7 @@ class Stage:
         self.id, self.sink, self.total, self.n = next(_ids), sink, total, n
         self.path = (*parent.path, what) if parent else (what,)
         self.started = self._last = time.monotonic()
-        self._unsent = False
+        self._unsent, self.failed = False, False
 
     def advance(self, k: int = 1) -> None:
         self.update(self.n + k)
@@ -89,7 +91,8 @@ class Stage:
     def _emit(self, done: bool) -> None:
         if self.sink is not None:
             self._last, self._unsent = time.monotonic(), False
-            update = StageUpdate(self.id, self.path, self.n, self.total, done, self._last - self.started)
+            update = StageUpdate(self.id, self.path, self.n, self.total, done, self._last - self.started,
+                                 failed=self.failed)
             try:
                 self.sink(update)
             except Exception:  # a display that fails must not stop the work it shows
@@ -108,6 +111,9 @@ def stage(what: str, total: int | None = None, *, n: int = 0) -> Iterator[Stage]
     s._emit(done=False)
     try:
         yield s
+    except BaseException:
+        s.failed = True
+        raise
     finally:
         _current.reset(token)
         s._emit(done=True)
@@ -169,6 +175,9 @@ class RichProgress:
         if u.done:
             if len(u.path) > 1:
                 self._progress.remove_task(task)
+            elif u.failed:
+                self._progress.update(task, description=f"{description} [red](stopped)[/]")
+                self._progress.stop_task(task)
             else:
                 full = max(u.n, u.total or 0, 1)
                 self._progress.update(task, total=full, completed=full)
@@ -178,7 +187,8 @@ class RichProgress:
         indent = "  " * (len(u.path) - 1)
         if u.done:
             count = f" {u.count}" if u.count else ""
-            self.console.print(f"{indent}{u.what}:{count} done in {u.elapsed_s:.1f} s", highlight=False,
+            end = "stopped after" if u.failed else "done in"
+            self.console.print(f"{indent}{u.what}:{count} {end} {u.elapsed_s:.1f} s", highlight=False,
                                markup=False)
         else:
             self.console.print(f"{indent}{u.what}…", highlight=False, markup=False)

@@ -48,8 +48,9 @@ class InspectProgress:
         from rich.markup import escape
 
         if u.done and len(u.path) == 1:
-            value = f"{u.what} ✓ {u.elapsed_s:.0f} s"
-            logger.info("built %s in %.1f s", u.what, u.elapsed_s)
+            value = f"{u.what} {'stopped' if u.failed else '✓'} {u.elapsed_s:.0f} s"
+            ended = "stopped building" if u.failed else "built"
+            logger.info("%s %s after %.1f s", ended, u.what, u.elapsed_s)
         elif u.done:
             value = " › ".join(u.path[:-1])
         else:
