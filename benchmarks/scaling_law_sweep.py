@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from openrebench.core import cache_dir, calibrate, detect_hardware, save_record
+from openrebench.core import cache_dir, calibrate, detect_hardware, save_record, show_progress
 from openrebench.environments import get_environment
 from openrebench.environments.scaling_law import _assets
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path, sweep
@@ -128,4 +128,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with show_progress():
+        main()

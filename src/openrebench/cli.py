@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from openrebench.core import OpenRebenchError, Run, ScoreRow, final_score
+from openrebench.core import OpenRebenchError, Run, ScoreRow, final_score, show_progress
 
 app = typer.Typer(help="Open, runnable RE-Bench: ML research-engineering environments.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -134,7 +134,7 @@ def start(
 
     env = _env(env_id)
     env.tier(tier)
-    with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
+    with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
         run, row = start_run(env_id, tier, directory, seed=seed)
         assert row is not None
     console.print(Markdown(env.instructions(tier)))
@@ -210,7 +210,7 @@ def calibrate(
 
     env = _env(env_id)
     env.tier(tier)
-    with Progress(console=console) as progress:
+    with Progress(console=console) as progress, show_progress(console):
         task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
 
         def on_progress(which: str, i: int, raw: float | None, message: str) -> None:
@@ -252,7 +252,7 @@ def demo(
     directory = (directory or Path("runs") / f"demo-{env_id}-{tier}-{stamp}").absolute()
     from openrebench.core import start_run
 
-    with console.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"):
+    with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
         run, row = start_run(env_id, tier, directory)
         assert row is not None
     _print_row(run, row)

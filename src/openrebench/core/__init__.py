@@ -1,4 +1,5 @@
-"""What every environment shares: the protocol, runs, score logs, scoring, normalisation, calibration."""
+"""What every environment shares: the protocol, runs, score logs, scoring, normalisation, calibration,
+progress reports of long work."""
 
 from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_binary, bwrap_command, bwrap_usable
 from ._calibration import CalibrationRecord, Stats, calibrate, constants_for, find_record, save_record
@@ -10,6 +11,7 @@ from ._guard import TamperGuard
 from ._hardware import Hardware, detect_hardware
 from ._normalise import final_row, final_score, normalise
 from ._paths import cache_dir
+from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
 from ._protocol import HostChannel, SolutionError, SolutionProcess
 from ._run import Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
@@ -35,6 +37,7 @@ __all__ = [
     "ScoreRow",
     "SolutionError",
     "SolutionProcess",
+    "StageUpdate",
     "Stats",
     "TamperGuard",
     "TierSpec",
@@ -52,11 +55,15 @@ __all__ = [
     "final_score",
     "find_record",
     "normalise",
+    "progress_display",
     "read_log",
+    "reporting",
     "run_scorer",
     "save_record",
     "score_run",
+    "show_progress",
     "snapshot_workspace",
+    "stage",
     "start_run",
     "visible_gpus",
 ]

@@ -113,7 +113,8 @@ class Environment(ABC):
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # noqa: B027 - optional hook
-        """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing."""
+        """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing. A build of more
+        than a few seconds reports its steps with `openrebench.core.stage` (a cached one says nothing)."""
 
     def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""

@@ -47,6 +47,7 @@ from openrebench.core import (
     ScoreRow,
     bwrap_command,
     bwrap_usable,
+    reporting,
     score_run,
     start_run,
 )
@@ -54,6 +55,7 @@ from openrebench.core._bwrap import sandbox_path
 from openrebench.environments import get_environment
 
 from . import _score_client
+from ._progress import InspectProgress
 
 MAX_OUTPUT = 10 * 1024 * 1024
 MAX_REQUEST = 4096  # bytes of one request line on the scoring socket
@@ -190,9 +192,10 @@ class OpenRebenchSandbox(SandboxEnvironment):
         path = Path(config.runs_dir).expanduser().absolute() / name
         try:
             devices = lease.device_nodes() if lease else None
-            run, row = await anyio.to_thread.run_sync(
-                lambda: start_run(config.env_id, config.tier, path, sandboxed=isolation == "bwrap",
-                                  devices=devices))
+            with reporting(InspectProgress()):  # asset builds show in Inspect's footer
+                run, row = await anyio.to_thread.run_sync(
+                    lambda: start_run(config.env_id, config.tier, path, sandboxed=isolation == "bwrap",
+                                      devices=devices))
             if row is not None and row.details.get("infrastructure"):
                 # No baseline: an attempt now would be scored against a broken harness, not the agent.
                 raise RuntimeError(f"{run.path}: the starting solution could not be scored: {row.message} "

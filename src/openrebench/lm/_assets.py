@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from openrebench.core import OpenRebenchError
+from openrebench.core import OpenRebenchError, stage
 from openrebench.core import cache_dir as default_cache_dir
 
 MANIFEST = "manifest.json"
@@ -160,12 +159,13 @@ BuildFn = Callable[[Path, Deadline], tuple[dict[str, Any], dict[str, Any]]]
 
 
 def cached_build(folder: Path, *, what: str, builder_version: str, seed: int | None, params: dict[str, Any],
-                 build: BuildFn, time_budget_s: float | None = None,
-                 on_mismatch: OnMismatch = "rebuild") -> Manifest:
+                 build: BuildFn, time_budget_s: float | None = None, on_mismatch: OnMismatch = "rebuild",
+                 label: str | None = None) -> Manifest:
     """Reuse the asset in `folder` if its manifest matches and its files check out, else (re)build it.
 
     `build(partial, deadline)` writes the asset's files into `partial` (scratch state in `partial/work`,
     kept between interrupted calls and removed at the end) and returns `(source, stats)` for the manifest.
+    A build is a progress stage named `label` (default: `what`); a reuse reports nothing.
     """
     from openrebench import __version__
 
@@ -193,7 +193,8 @@ def cached_build(folder: Path, *, what: str, builder_version: str, seed: int | N
         state_path.write_text(json.dumps(state))
         started = time.monotonic()
         try:
-            source, stats = build(partial, Deadline(what, time_budget_s))
+            with stage(label or what):
+                source, stats = build(partial, Deadline(what, time_budget_s))
         finally:
             state["elapsed_s"] += time.monotonic() - started
             if partial.exists():
@@ -212,8 +213,3 @@ def assets_root(cache_dir: Path | None = None) -> Path:
     """Where language-model assets live: `<cache>/lm` (cache: ~/.cache/openrebench, or OPENREBENCH_HOME)."""
     return (cache_dir or default_cache_dir()) / "lm"
 
-
-def progress_bar(enabled: bool = True) -> Progress:
-    """A rich progress display for long builds (silent when disabled)."""
-    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), disable=not enabled, transient=False)

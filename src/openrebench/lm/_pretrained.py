@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from openrebench.core import progress_display, stage
+
 from ._assets import BuildIncomplete, Deadline, Manifest, OnMismatch, assets_root, cached_build
 from ._checkpoint import load_model, save_checkpoint
 from ._corpus import Corpus
@@ -30,11 +32,13 @@ class TrainedModel:
 
 def build_trained_model(name: str, model_config: GPTConfig, train_config: TrainConfig, corpus: Corpus, *,
                         cache_dir: Path | None = None, time_budget_s: float | None = None,
-                        progress: bool = True, on_mismatch: OnMismatch = "rebuild") -> TrainedModel:
+                        progress: bool = True, on_mismatch: OnMismatch = "rebuild",
+                        label: str | None = None) -> TrainedModel:
     """Train a GPT on `corpus` into `<cache>/lm/model-<name>` (or reuse it), with losses in the manifest.
 
     Training checkpoints every `train_config.checkpoint_interval_s`; a build stopped by its time budget
-    raises `BuildIncomplete`, and the next call resumes from the last checkpoint.
+    raises `BuildIncomplete`, and the next call resumes from the last checkpoint. The build is a progress
+    stage named `label` (default: the model's name); `progress` shows it where no display is active.
     """
     folder = assets_root(cache_dir) / f"model-{name}"
     params: dict[str, Any] = {
@@ -53,16 +57,19 @@ def build_trained_model(name: str, model_config: GPTConfig, train_config: TrainC
         if not result.finished:
             raise BuildIncomplete(f"model {name}", deadline.budget_s or 0.0,
                                   f"{result.iters} of {train_config.max_iters} steps, checkpoint saved")
-        heldout = evaluate(model, corpus.bin_path("heldout"), batches=train_config.eval_batches,
-                           batch_size=train_config.batch_size, block_size=train_config.block_size,
-                           seed=train_config.seed + 2, dtype=train_config.dtype)
+        with stage("held-out loss"):
+            heldout = evaluate(model, corpus.bin_path("heldout"), batches=train_config.eval_batches,
+                               batch_size=train_config.batch_size, block_size=train_config.block_size,
+                               seed=train_config.seed + 2, dtype=train_config.dtype)
         save_checkpoint(partial / "model", model.cpu(), meta={"name": name})
         stats = {"iters": result.iters, "train_loss": result.train_loss, "val_loss": result.val_loss,
                  "heldout_loss": heldout, "tokens_seen": result.tokens_seen, "params": model.num_params(),
                  "train_seconds": round(result.elapsed_s, 3)}
         return {"corpus": str(corpus.path)}, stats
 
-    manifest = cached_build(folder, what=f"model:{name}", builder_version=BUILDER_VERSION,
-                            seed=train_config.seed, params=params, build=build, time_budget_s=time_budget_s,
-                            on_mismatch=on_mismatch)
+    with progress_display(progress):
+        manifest = cached_build(folder, what=f"model:{name}", builder_version=BUILDER_VERSION,
+                                seed=train_config.seed, params=params, build=build,
+                                time_budget_s=time_budget_s, on_mismatch=on_mismatch,
+                                label=label or f"model {name}")
     return TrainedModel(folder / "model", manifest)

@@ -144,7 +144,7 @@ def gpt2_tokenizer_dir(cache_dir: Path | None = None) -> Path:
     """
     folder = assets_root(cache_dir) / "tokenizer-gpt2"
     cached_build(folder, what="tokenizer:gpt2", builder_version=BUILDER_VERSION, seed=None, params={},
-                 build=_build)
+                 build=_build, label="GPT-2 tokenizer")
     return folder
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
-from ._assets import progress_bar
+from openrebench.core import progress_display, stage
+
 from ._checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, unwrap
 from ._model import GPT
 
@@ -159,7 +160,8 @@ def train(model: GPT, train_data: TokenData, config: TrainConfig, *, val_data: T
 
     With `checkpoint_dir`, a resumable checkpoint (weights, optimizer, RNG, history) is written every
     `checkpoint_interval_s`, at the time budget and at the end, and a later call with the same
-    configuration resumes from it. `time_budget_s` stops training cleanly (`finished=False`).
+    configuration resumes from it. `time_budget_s` stops training cleanly (`finished=False`). Steps are
+    reported as a progress stage; `progress` shows them on stderr where no progress display is active.
     """
     started = time.monotonic()
     device = resolve_device(config.device)
@@ -202,8 +204,7 @@ def train(model: GPT, train_data: TokenData, config: TrainConfig, *, val_data: T
 
     it, last_save, loss_value = start_iter, time.monotonic(), None
     finished = True
-    with progress_bar(progress) as bar:
-        task = bar.add_task("training", total=config.max_iters, completed=it)
+    with progress_display(progress), stage("training", total=config.max_iters, n=it) as steps:
         while it < config.max_iters:
             lr = learning_rate(it, config)
             for group in optimizer.param_groups:
@@ -230,10 +231,10 @@ def train(model: GPT, train_data: TokenData, config: TrainConfig, *, val_data: T
                 entry = {**(entry or {"iter": it, "lr": lr}), "val_loss": validate()}  # type: ignore[dict-item]
             if entry is not None:
                 history.append(entry)
-                bar.update(task, description=f"training (loss {loss_value or float('nan'):.3f})")
+                steps.update(what=f"training (loss {loss_value or float('nan'):.3f})")
                 if on_log:
                     on_log(entry)
-            bar.update(task, completed=it)
+            steps.update(it)
             out_of_time = time_budget_s is not None and time.monotonic() - started >= time_budget_s
             if out_of_time or time.monotonic() - last_save >= config.checkpoint_interval_s:
                 checkpoint(it)

@@ -58,5 +58,5 @@ def compact_corpus(corpus: Corpus, size: int, cache_dir: Path | None = None) -> 
 
     manifest = cached_build(folder, what=f"corpus:{corpus.kind}-v{size}", builder_version=BUILDER_VERSION,
                             seed=corpus.manifest.seed, params={"size": size, "corpus": corpus.manifest.key()},
-                            build=build)
+                            build=build, label=f"{corpus.kind} corpus, {size}-token vocabulary")
     return Corpus(folder, manifest)

@@ -66,10 +66,13 @@ def _load_reference_fix() -> Any:
 def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
     p = spec.params
     data = _data(spec, cache_dir)
+    title = f"fix_embedding {spec.name}"
     large = build_trained_model(f"fixemb-{spec.name}-large", model_config(spec, "large"),
-                                TrainConfig(**p["train_large"]), data, cache_dir=cache_dir, progress=progress)
+                                TrainConfig(**p["train_large"]), data, cache_dir=cache_dir, progress=progress,
+                                label=f"{title}: the large GPT")
     small = build_trained_model(f"fixemb-{spec.name}-small", model_config(spec, "small"),
-                                TrainConfig(**p["train_small"]), data, cache_dir=cache_dir, progress=progress)
+                                TrainConfig(**p["train_small"]), data, cache_dir=cache_dir, progress=progress,
+                                label=f"{title}: the small GPT")
 
     permuted_dir = assets_root(cache_dir) / f"fixemb-{spec.name}-permuted"
 
@@ -84,7 +87,8 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
 
     permuted = cached_build(permuted_dir, what=f"model:fixemb-{spec.name}-permuted",
                             builder_version=BUILDER_VERSION, seed=p["reference_permutation_seed"],
-                            params={"large": large.manifest.key()}, build=permute)
+                            params={"large": large.manifest.key()}, build=permute,
+                            label=f"{title}: the reference's permuted model")
     del permuted
 
     reference_dir = assets_root(cache_dir) / f"fixemb-{spec.name}-reference"
@@ -101,7 +105,8 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
     cached_build(reference_dir, what=f"model:fixemb-{spec.name}-reference", builder_version=BUILDER_VERSION,
                  seed=p["reference"]["seed"],
                  params={"reference": p["reference"], "fix_sha256": _sha(HERE / "reference" / "fix.py"),
-                         "small": small.manifest.key(), "large": large.manifest.key()}, build=fix)
+                         "small": small.manifest.key(), "large": large.manifest.key()}, build=fix,
+                 label=f"{title}: the reference fix")
     return Assets(data=data, large=large.path, small=small.path, permuted=permuted_dir / "model",
                   reference=reference_dir / "model")
 

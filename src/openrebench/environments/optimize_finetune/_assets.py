@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrebench.core import TierSpec
+from openrebench.core import TierSpec, stage
 from openrebench.lm import assets_root, build_corpus, gpt2_tokenizer, gpt2_tokenizer_dir
 from openrebench.lm._assets import Deadline, cached_build
 
@@ -45,20 +45,23 @@ def _initial_model(spec: TierSpec, cache_dir: Path) -> Path:
     p = spec.params
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
-        import torch
-        from transformers import GPT2LMHeadModel
-        from transformers.utils import logging
+        with stage("loading transformers"):  # seconds of imports on a busy CPU
+            import torch
+            from transformers import GPT2LMHeadModel
+            from transformers.utils import logging
 
         logging.disable_progress_bar()
         torch.manual_seed(p["init_seed"])
-        model = GPT2LMHeadModel(gpt2_config(spec))
-        model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[p["init_precision"]])
-        model.save_pretrained(partial / "model")
+        with stage("initialising"):
+            model = GPT2LMHeadModel(gpt2_config(spec))
+            model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[p["init_precision"]])
+        with stage("saving"):
+            model.save_pretrained(partial / "model")
         return {}, {"params": sum(t.numel() for t in model.parameters())}
 
     cached_build(folder, what=f"model:finetune-{spec.name}-initial", builder_version=BUILDER_VERSION,
                  seed=p["init_seed"], params={"model": p["model"], "precision": p["init_precision"]},
-                 build=build)
+                 build=build, label=f"optimize_finetune {spec.name}: initial weights")
     return folder / "model"
 
 
@@ -91,7 +94,7 @@ def _records(spec: TierSpec, cache_dir: Path) -> Path:
         return {"corpus": corpus.manifest.key()}, {"records": len(records), "approx_tokens": total}
 
     cached_build(folder, what=f"data:finetune-{spec.name}", builder_version=BUILDER_VERSION, seed=d["seed"],
-                 params=d, build=build)
+                 params=d, build=build, label=f"optimize_finetune {spec.name}: prompt and response records")
     return folder
 
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from openrebench.core import TierSpec
+from openrebench.core import TierSpec, stage
 from openrebench.lm import SPLITS, AssetError, build_corpus
 from openrebench.lm._assets import Deadline, Manifest, assets_root, cached_build
 
@@ -78,8 +80,28 @@ def _data(spec: TierSpec, cache_dir: Path) -> tuple[Path, Manifest]:
     params = {"corpus": corpus.manifest.key(), "vocab_size": vocab, "mask_id": mask_id, "unk_id": unk_id,
               "seq_len": p["seq_len"], "mask_prob": p["mask_prob"]}
     manifest = cached_build(folder, what=f"rmlm-data:{corpus.kind}-v{vocab}", builder_version=BUILDER_VERSION,
-                            seed=corpus.manifest.seed, params=params, build=build)
+                            seed=corpus.manifest.seed, params=params, build=build,
+                            label=f"restricted_mlm: {corpus.kind} corpus, {vocab}-token vocabulary")
     return folder, manifest
+
+
+_ITER = re.compile(rb"^iter (\d+):", re.MULTILINE)
+
+
+def _follow(process: subprocess.Popen[bytes], log: Path, max_iters: int | None) -> int:
+    """Wait for a training process, reporting its steps from the `iter N:` lines of its log (the
+    solutions' train.py prints one every 100 steps); its exit code."""
+    with stage("training", total=max_iters) as steps:
+        try:
+            while process.poll() is None:
+                time.sleep(0.5)
+                if found := _ITER.findall(log.read_bytes()):
+                    steps.update(int(found[-1]) + 1)
+        finally:
+            if process.poll() is None:  # interrupted: the training must not outlive the build
+                process.kill()
+            process.wait()
+    return process.returncode
 
 
 def _trained(which: str, spec: TierSpec, data: Path, data_manifest: Manifest, cache_dir: Path) -> Path:
@@ -101,11 +123,12 @@ def _trained(which: str, spec: TierSpec, data: Path, data_manifest: Manifest, ca
         with open(log, "w") as out:
             command = [sys.executable, "train.py", f"--out={partial / 'model.pt'}", *args]
             env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-            result = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env)
-        if result.returncode != 0 or not (partial / "model.pt").is_file():
+            process = subprocess.Popen(command, cwd=work, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env)
+            returncode = _follow(process, log, overrides.get("max_iters"))
+        if returncode != 0 or not (partial / "model.pt").is_file():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise AssetError(f"training the {which} model failed (exit code {result.returncode}):\n{tail}")
+            raise AssetError(f"training the {which} model failed (exit code {returncode}):\n{tail}")
         lines = [line for line in log.read_text().splitlines() if line.startswith("validation loss")]
         stats = {"validation": lines[-1] if lines else None}
         return {"data": str(data), "train.py": str(source / "train.py")}, stats
@@ -113,7 +136,8 @@ def _trained(which: str, spec: TierSpec, data: Path, data_manifest: Manifest, ca
     params = {"train": overrides, "data": data_manifest.key(),
               "code_sha256": {name: _sha256(source / name) for name in ("solution.py", "train.py")}}
     cached_build(folder, what=f"rmlm-model:{which}-{spec.name}", builder_version=BUILDER_VERSION,
-                 seed=overrides.get("seed"), params=params, build=build)
+                 seed=overrides.get("seed"), params=params, build=build,
+                 label=f"restricted_mlm {spec.name}: the {which} model")
     return folder
 
 

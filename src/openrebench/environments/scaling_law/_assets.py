@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from openrebench.core import Environment, OpenRebenchError, TierSpec
+from openrebench.core import Environment, OpenRebenchError, TierSpec, stage
 from openrebench.lm import Corpus, assets_root, build_corpus, compact_corpus
 from openrebench.lm._assets import Deadline, cached_build
 
@@ -85,17 +85,23 @@ def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         device = device_for(spec)
+        fit = _load_fit()
+        runs = len(fit.design(setup, p["budget_fractions"], p["widths"], p["min_iters"]))
 
         def experiment(n_embd: int, max_iters: int) -> float:
-            return run_experiment(setup, n_embd, max_iters, data.bin_path("train"), data.bin_path("val"),
+            done.update(what=f"experiment n_embd={n_embd}, {max_iters} steps")
+            loss = run_experiment(setup, n_embd, max_iters, data.bin_path("train"), data.bin_path("val"),
                                   seed=p["seed"], device=device).loss
+            done.advance()
+            return loss
 
         threads = torch.get_num_threads()
         if device == "cpu":  # one thread: the same answer whatever the caller's setting
             torch.set_num_threads(1)
         try:
-            report = _load_fit().solve(setup, experiment, budget_fractions=p["budget_fractions"],
-                                       widths=p["widths"], min_iters=p["min_iters"])
+            with stage("experiments", total=runs) as done:
+                report = fit.solve(setup, experiment, budget_fractions=p["budget_fractions"],
+                                   widths=p["widths"], min_iters=p["min_iters"])
         finally:
             torch.set_num_threads(threads)
         (partial / "answer.json").write_text(json.dumps(report["answer"], indent=2) + "\n")
@@ -106,7 +112,7 @@ def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path
                  seed=p["seed"], params={"setup": setup.model_dump(), "reference": p,
                                          "data": DataKey.of(data, setup.vocab_size).model_dump(),
                                          "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()},
-                 build=build)
+                 build=build, label=f"scaling_law {spec.name}: the reference answer")
     return folder / "answer.json"
 
 

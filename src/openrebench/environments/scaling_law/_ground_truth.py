@@ -13,6 +13,7 @@ curve's shape, and the optimum L_opt is the lowest point, so a perfect answer sc
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from openrebench.core import TierSpec, detect_hardware
+from openrebench.core import TierSpec, detect_hardware, stage
 from openrebench.lm import Corpus, assets_root
 from openrebench.lm._assets import Deadline, cached_build
 
@@ -99,8 +100,8 @@ def sweep(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path | None, *,
     key = DataKey.of(data, setup.vocab_size)
     points: list[Result] = []
     seconds = 0.0
-    for n_embd in widths:
-        for seed in seeds:
+    with stage(f"scaling_law {spec.name}: ground-truth sweep", total=len(widths) * len(seeds)) as swept:
+        for n_embd, seed in itertools.product(widths, seeds):
             max_iters = setup.max_iters_for(n_embd, setup.target_flops)
             folder = assets_root(cache_dir) / f"scaling-{spec.name}-sweep" / f"d{n_embd}-s{seed}"
             fresh = False
@@ -116,10 +117,12 @@ def sweep(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path | None, *,
 
             cached_build(folder, what=f"sweep:scaling_law-{spec.name}", builder_version=BUILDER_VERSION,
                          seed=seed, params={"setup": setup.model_dump(), "data": key.model_dump(),
-                                            "n_embd": n_embd, "max_iters": max_iters}, build=build)
+                                            "n_embd": n_embd, "max_iters": max_iters}, build=build,
+                         label=f"n_embd={n_embd}, seed={seed}, {max_iters} steps")
             result = Result.model_validate_json((folder / "result.json").read_text())
             points.append(result)
             seconds += result.seconds
+            swept.advance()
             if on_point:
                 on_point(result, fresh)
     return GroundTruth(tier=spec.name, setup=setup, data=key, points=points, command=command,
