@@ -165,8 +165,8 @@ def test_a_failing_eval_exits_1_lists_the_failure_and_a_working_view_command(tmp
                                       str(tmp_path / "runs"), "--display", "none"])
     out = result.output
     assert result.exit_code == 1, out
-    assert ("error: optimize_kernel (epoch 1): NotADirectoryError: [Errno 20] Not a directory: "
-            f"'{tmp_path}") in out
+    assert (f"error: optimize_kernel (epoch 1): OpenRebenchError: {tmp_path / 'runs'} is a file, not a "
+            "directory: a run cannot go under it") in out
     inspect = Path(sys.executable).parent / "inspect"
     assert f"`{inspect} view --log-dir {logs}`" in out
     from inspect_ai.log import list_eval_logs, read_eval_log

@@ -35,6 +35,11 @@ class RunInfo(BaseModel):
 
 def check_new_run_dir(path: Path) -> None:
     """A run goes where nothing is yet (or an empty folder): never over another run or other files."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OpenRebenchError(f"{parent} is a file, not a directory: a run cannot go under it")
+            break
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         what = "a run" if (path / RUN_FILE).is_file() else "not an empty directory"
         raise OpenRebenchError(f"{path} already exists and is {what}: choose a new directory, or remove "
