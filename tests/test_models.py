@@ -179,6 +179,20 @@ def test_a_missing_client_is_one_line_naming_the_extra_before_any_run(
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
 
 
+def test_a_missing_api_key_is_one_line_before_any_run(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_KEY", "AZUREAI_OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--agent", "react", "--model",
+                                      "openai/gpt-4o", "--runs-dir", str(tmp_path / "runs"),
+                                      "--log-dir", str(tmp_path / "logs")], terminal_width=300)
+    assert result.exit_code == 1
+    line = result.output.strip().splitlines()[-1]  # after the estimate
+    assert line.startswith("error: the model openai/gpt-4o cannot be used here: ")
+    assert "OPENAI_API_KEY" in line
+    assert "[bold]" not in line and not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+
+
 def test_a_client_older_than_inspect_accepts_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(_models.CLIENTS, "openai", ("openai", "openai", "999.0.0", "the OpenAI client",
                                                     "openai"))

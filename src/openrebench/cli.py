@@ -394,6 +394,7 @@ def eval_(
         ISOLATIONS,
         TASKS,
         check_client,
+        check_credentials,
         ended,
         estimate_run,
         results_caption,
@@ -421,6 +422,8 @@ def eval_(
         estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices)
         console.print("\n".join(estimate.lines()), highlight=False, markup=False)
         estimate.check(max_cost, yes)
+    if model is not None:
+        check_credentials(model)
     tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
                       isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.

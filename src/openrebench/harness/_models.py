@@ -8,6 +8,7 @@ The installed Inspect's model database has no prices (its `ModelCost` is filled 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import re
@@ -104,6 +105,28 @@ def check_client(model: str) -> None:
     if _version(have) < _version(minimum):
         raise OpenRebenchError(f"the model {model} needs {package} >= {minimum} (found {have}): "
                                f"{install_hint(extra)}")
+
+
+HOSTED = {"openai", "anthropic", "google", "openai-api"}  # their clients start offline, with keys checked
+
+
+def check_credentials(model: str) -> None:
+    """For hosted providers, the credentials and settings Inspect needs to make the model: one line
+    before anything is set up, not a provider's error at the first sample. Local providers are not
+    made here (making an `hf/` or `vllm/` model loads it)."""
+    if model.split("/", 1)[0] not in HOSTED:
+        return
+    from inspect_ai.model import get_model
+
+    try:
+        get_model(model)
+    except Exception as e:
+        from rich.text import Text
+
+        text = " ".join(str(getattr(e, "message", None) or e).split()).removeprefix("ERROR: ")
+        with contextlib.suppress(Exception):  # Inspect words these for its own console, in rich markup
+            text = Text.from_markup(text).plain
+        raise OpenRebenchError(f"the model {model} cannot be used here: {text}") from None
 
 
 def _undated(model: str) -> str:
