@@ -90,10 +90,11 @@ def list_() -> None:
     from openrebench.environments import ENVIRONMENTS
 
     table = Table(title="openrebench environments")
-    for col in ("id", "RE-Bench task", "title", "tiers", "best"):
-        table.add_column(col, no_wrap=col != "title")
+    for col in ("id", "the job (RE-Bench task)", "tiers", "best"):
+        table.add_column(col, no_wrap=col != "the job (RE-Bench task)")
     for cls in ENVIRONMENTS.values():
-        table.add_row(cls.id, cls.rebench_id, cls.title, ", ".join(cls.tiers), cls.direction.value)
+        job = f"{cls.title} [dim]({cls.rebench_id})[/]"
+        table.add_row(cls.id, job, ", ".join(cls.tiers), cls.direction.value)
     console.print(table)
 
 
