@@ -106,6 +106,12 @@ def test_the_agent_is_told_the_working_limit_inspect_enforces() -> None:
     assert f"You have {hours:g} hours of working time" in str(default.dataset[0].input)
 
 
+def test_every_environment_tells_its_agent_the_working_limit() -> None:
+    for env_id, make in TASKS.items():
+        (sample,) = make(time_limit=1800).dataset
+        assert "30 minutes" in str(sample.input), env_id
+
+
 def test_the_runs_directory_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     task = TASKS["optimize_kernel"](runs_dir="runs")

@@ -104,9 +104,9 @@ class OptimizeFinetune(Environment):
         ),
     }
 
-    def instructions(self, tier: str) -> str:
+    def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
         spec = self.tier(tier)
-        text = super().instructions(tier)
+        text = super().instructions(tier, time_limit_s)
         threads = spec.params.get("threads")
         note = (f" On this tier the scorer sets OMP_NUM_THREADS={threads} (steadier times on a small shared "
                 "machine); your scripts may set their own thread counts.") if threads else ""
