@@ -35,8 +35,9 @@ class OptimizeKernel(Environment):
             # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor-2-00ghz.json):
             # the default for CPUs without a record of their own (`openrebench calibrate` makes one).
             default_constants=NormConstants(
-                start=5.1679, reference=1.7954,
-                source="2-core Xeon calibration of 2026-11-30 (176 ms start, 6.02 ms reference)"),
+                start=5.3774, reference=1.5525,
+                source="2-core Xeon calibration of 2026-12-01 (216.5 ms start, 4.72 ms reference, "
+                       "speed-adjusted)"),
         ),
         "full": TierSpec(
             name="full", description="One CUDA GPU, 1e8 elements, as in the paper.",
