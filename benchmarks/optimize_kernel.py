@@ -1,34 +1,45 @@
 """optimize_kernel: calibrate a tier on this machine and time the kernels directly.
 
-Two measurements, one run:
-1. The real scoring pipeline (`openrebench calibrate`): the starting and the reference solutions
-   each scored `--repeats` times; mean, median and CV of the raw score ln(ms); the calibration
-   record is written to `--record-dir` (the package's calibration folder ships it).
+Three measurements, one run:
+1. The real scoring pipeline (what `openrebench calibrate` runs): the starting and the reference
+   solutions each scored `--repeats` times; mean, median and CV of the raw score ln(ms); the
+   calibration record is written to `--record-dir` (the package's calibration folder ships it).
 2. A direct timing of both kernels in this process at the tier's length (median of `--calls`
    calls after warm-up; CUDA events on GPU): milliseconds, effective bandwidth for the 8 bytes per
    element that must move (4 read, 4 written), and the speed-up of the reference over the start.
+3. With `--loads 1,2` (CPU tiers): both solutions scored `--load-repeats` times each while that many
+   busy-loop processes run alongside, normalised with the constants of step 1: the milliseconds
+   measured and those counted after the tier's yardstick adjustment.
 
 Prints a table and writes everything as JSON to `--out`.
 
     python benchmarks/optimize_kernel.py --tier full --repeats 10 \
         --out benchmarks/results/optimize_kernel_full_h200.json
+    python benchmarks/optimize_kernel.py --tier mini --repeats 5 --loads 1,2 --load-repeats 5 \
+        --out benchmarks/results/optimize_kernel_mini_xeon.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
-from openrebench.core import calibrate_environment, detect_hardware, save_record
+from openrebench.core import Run, calibrate, detect_hardware, normalise, save_record, score_run, start_run
 from openrebench.environments import get_environment
 from openrebench.environments.optimize_kernel._inputs import expected_output, make_input
 
@@ -61,6 +72,51 @@ def time_kernel(fn, x: torch.Tensor, calls: int, warmup: int = 3) -> list[float]
     return times
 
 
+@contextlib.contextmanager
+def busy(count: int) -> Iterator[None]:
+    """`count` processes spinning in a loop, like other work on a shared machine."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def scoring(run: Run, which: str, load: int) -> dict[str, Any]:
+    """One real scoring; the measured and the counted milliseconds, and the yardstick's times."""
+    loadavg = os.getloadavg()[0]
+    row = score_run(run, kind="calibration", charged=False)
+    d = row.details
+    y = d.get("yardstick") or {}
+    return {"which": which, "load": load, "raw": row.raw, "message": row.message, "loadavg": loadavg,
+            "duration_s": row.duration_s, "median_ms": d.get("median_ms"),
+            "adjusted_ms": d.get("adjusted_ms"), "overhead_ms": d.get("overhead_ms"),
+            "times_ms": d.get("times_ms"), "yardstick": y or None}
+
+
+def summarise_loads(scorings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians per number of busy processes and solution, over the valid scorings."""
+    rows = []
+    for busy_count in sorted({s["load"] for s in scorings}):
+        for which in ("start", "reference"):
+            valid = [s for s in scorings
+                     if s["load"] == busy_count and s["which"] == which and s["raw"] is not None]
+            if not valid:
+                continue
+            yard = [s["yardstick"]["ms"] for s in valid if s["yardstick"]]
+            rows.append({"load": busy_count, "which": which, "scorings": len(valid),
+                         "ms": statistics.median(s["median_ms"] for s in valid),
+                         "counted_ms": statistics.median(math.exp(s["raw"]) for s in valid),
+                         "yardstick_ms": statistics.median(yard) if yard else None,
+                         "normalised": statistics.median(s["normalised"] for s in valid),
+                         "normalised_min": min(s["normalised"] for s in valid),
+                         "loadavg": statistics.median(s["loadavg"] for s in valid)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,6 +125,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="direct timing calls per kernel")
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
     parser.add_argument("--record-dir", type=Path, help="also write the calibration record here")
+    parser.add_argument("--loads", default="", help="busy-loop process counts to score under, e.g. 1,2")
+    parser.add_argument("--load-repeats", type=int, default=5, help="scorings of each solution per load")
     args = parser.parse_args()
 
     env = get_environment("optimize_kernel")
@@ -92,16 +150,33 @@ def main() -> None:
     direct["speedup"] = direct["start"]["median_ms"] / direct["reference"]["median_ms"]
     del x, want
 
-    def progress(which: str, i: int, raw: float | None, message: str) -> None:
-        shown = message if raw is None else f"{raw:.4f} ({math.exp(raw):.3f} ms)"
-        print(f"  scoring {which} #{i}: {shown}", flush=True)
-
+    command = " ".join(["python", *sys.argv])
+    scorings: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    record = calibrate_environment("optimize_kernel", args.tier, args.repeats, on_progress=progress,
-                                   command=" ".join(["python", *sys.argv]))
-    scoring_s = time.perf_counter() - t0
-    if args.record_dir:
-        print(f"calibration record: {save_record(record, args.record_dir)}")
+    with tempfile.TemporaryDirectory(prefix="optimize-kernel-bench-") as tmp:
+        runs = {which: start_run(env.id, args.tier, Path(tmp) / which, score_start=False)[0]
+                for which in ("start", "reference")}
+        env.install_reference(runs["reference"].workspace, args.tier)
+
+        def score_once(which: str, busy_count: int = 0) -> tuple[float | None, str]:
+            s = scoring(runs[which], which, busy_count)
+            scorings.append(s)
+            shown = s["message"] if s["raw"] is None else f"{s['raw']:.4f} ({math.exp(s['raw']):.3f} ms)"
+            print(f"  {busy_count} busy, {which}: {shown}", flush=True)
+            return s["raw"], s["message"]
+
+        record = calibrate(env, args.tier, args.repeats, score_once=score_once, command=command)
+        scoring_s = time.perf_counter() - t0
+        if args.record_dir:
+            print(f"calibration record: {save_record(record, args.record_dir)}")
+        for busy_count in [int(v) for v in args.loads.split(",") if v]:
+            with busy(busy_count):
+                for _ in range(args.load_repeats):
+                    for which in ("start", "reference"):
+                        score_once(which, busy_count)
+    constants = record.constants("local")
+    for s in scorings:
+        s["normalised"] = normalise(s["raw"], constants)
 
     ratio = math.exp(record.start.median - record.reference.median)
     print(f"\noptimize_kernel, tier {args.tier}, length {n:,}, on {record.hardware_key}")
@@ -119,14 +194,20 @@ def main() -> None:
               ("reference", [math.exp(v) for v in record.reference.values]))}
     print(f"{'scored CV of ms':<28}{ms_cv['start']:>12.2%}{ms_cv['reference']:>12.2%}")
     print(f"speed-up of the reference: {ratio:.2f}x scored, {direct['speedup']:.2f}x direct")
+    loads = summarise_loads(scorings)
+    if any(row["load"] for row in loads):
+        print(f"\n{'busy processes':<16}{'solution':<11}{'measured ms':>12}{'counted ms':>12}"
+              f"{'yardstick ms':>14}{'normalised':>12}{'load avg':>10}")
+        for row in loads:
+            print(f"{row['load']:<16}{row['which']:<11}{row['ms']:>12.3f}{row['counted_ms']:>12.3f}"
+                  f"{row['yardstick_ms'] or 0:>14.2f}{row['normalised']:>12.3f}{row['loadavg']:>10.2f}")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "optimize_kernel", "tier": args.tier, "length": n, "repeats": args.repeats,
         "command": " ".join(["python", *sys.argv]), "hardware": detect_hardware().model_dump(),
         "direct": direct, "scored": json.loads(record.model_dump_json()), "scored_speedup": ratio,
-        "scored_cv_of_ms": ms_cv,
-        "scoring_wall_s": scoring_s,
+        "scored_cv_of_ms": ms_cv, "scoring_wall_s": scoring_s, "by_load": loads, "scorings": scorings,
     }, indent=2) + "\n")
     print(f"results: {args.out}")
 

@@ -7,6 +7,11 @@ is invalid or its time is no better than an honest torch solution's beyond noise
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
+import signal
+import statistics
 import textwrap
 from pathlib import Path
 
@@ -268,3 +273,66 @@ def test_timed_input_seeds_readable_before_the_calls(tmp_path: Path, monkeypatch
     assert result.raw is None
     assert "digest=None" in result.message and "seeds=[]" in result.message, (
         f"attack works: the seeds exist in the host before the timed calls ({result.message[:200]})")
+
+
+BURN_WHILE_PAUSED = EXPECTED + textwrap.dedent("""
+    import os, time
+    from pathlib import Path
+
+    _HOST, _PIDS = os.getpid(), Path(__file__).with_name("burners.pid")
+
+    def _burn():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{_HOST}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                os._exit(0)
+            if state in "tT":  # the host is paused: the scorer is between calls
+                end = time.perf_counter() + 0.005
+                while time.perf_counter() < end:
+                    pass
+            else:
+                time.sleep(0.0005)
+        os._exit(0)
+
+    _first = os.fork()
+    if _first == 0:
+        os.setsid()  # out of the host's session: without a PID namespace the scorer cannot pause it
+        pids = []
+        for _ in range(os.cpu_count() or 2):
+            pid = os.fork()
+            if pid == 0:
+                _burn()
+            pids.append(pid)
+        _PIDS.write_text(" ".join(map(str, pids)))
+        os._exit(0)
+    os.waitpid(_first, 0)
+
+    def prefix_sum(x):
+        return _expected(x)
+""")
+
+
+@pytest.mark.attack(env=ENV, cls="yardstick slowed")
+def test_cpu_burners_slow_the_yardstick_between_calls(tmp_path: Path, monkeypatch) -> None:
+    """Daemons outside the pause burn every CPU while the host is paused, to slow the yardstick.
+
+    The yardstick between calls counts for less the slower it is; the burners run only while the host
+    is paused, so the solution's own windows are not slowed."""
+    try:
+        result = kernel_score(monkeypatch, tmp_path, BURN_WHILE_PAUSED)
+    finally:
+        pids = tmp_path / "solution" / "burners.pid"
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    assert result.raw is not None, result.message
+    y = result.details["yardstick"]
+    before, between = statistics.median(y["before_ms"]), statistics.median(y["between_ms"])
+    # Scored here, without a PID namespace, the burners escape the pause: the attack is real...
+    assert between > 1.25 * before, f"the burners did not slow the yardstick ({between:.1f}, {before:.1f} ms)"
+    # ...and gains nothing: the time counts against at most the block measured before the import.
+    assert not y["after_trusted"] and y["ms"] <= before, f"attack works: yardstick {y['ms']:.1f} ms"
+    assert result.raw >= math.log(result.details["median_ms"] * y["ms_at_calibration"] / before) - 1e-9

@@ -11,7 +11,8 @@ scorer's IPC buffer inside the window, and the host's result is compared in plac
 allocation by CUDA IPC) inside the window too, on the same device. A solution's time per call is its
 window minus the protocol overhead: the median window of the same protocol run with a built-in
 identity function before solution.py was imported, so nothing the solution does can shrink it.
-Figures from the host are details only.
+Where the tier names a yardstick (the CPU tier), that time is also adjusted for the machine's current
+speed (_yardstick.py). Figures from the host are details only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from openrebench.core import SANDBOX_UID, ScoreResult, SolutionError, SolutionPr
 from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
 from ._inputs import expected_output, fresh_input
+from ._yardstick import Yardstick
 
 HOST_MODULE = "openrebench.environments.optimize_kernel._host"
 MIN_MS = 1e-3  # a solution's time per call is never taken below one microsecond
@@ -76,6 +78,7 @@ class _Session:
             assert self.cpu is not None
             setup = {"device": "cpu", "n": n, "fd": self.cpu.fd}
         host.send(setup)
+        self.nice = os.getpriority(os.PRIO_PROCESS, host.proc.pid)  # before any code of the solution runs
         # Woken first when a reply comes (the host, started before, keeps the ordinary priority): on a
         # busy machine the clock then stops sooner after the call, and the baseline shows the same.
         with contextlib.suppress(OSError):
@@ -215,6 +218,8 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
         return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is available.")
     device = torch.device(spec.device)
     timeout = float(p["call_timeout_s"])
+    yardstick_ms = float(p["yardstick_ms"]) if p.get("yardstick_ms") and device.type == "cpu" else None
+    yard: Yardstick | None = None
 
     def prepared(size: int, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = fresh_input(size, low, high, device)
@@ -234,12 +239,18 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
             x = fresh_input(n, -10, 11, device)
             baseline = [session.call(x, x, "baseline")[0] for _ in range(baseline_calls)]
             overhead = statistics.median(baseline)
+            if yardstick_ms is not None:
+                yard = Yardstick(int(p["yardstick_length"]), session.nice)
+                yard.run("before", int(p["yardstick_block"]))
             session.request({"op": "import"}, float(p["setup_timeout_s"]), "importing solution.py")
             for label, size, low, high in _checks(n):
                 session.call(*prepared(size, low, high), label)
             windows, host_ms = [], []
             for k in range(warmup + timed):
-                ms, reply = session.call(*prepared(n, -10, 11), f"timing #{k + 1}")
+                x, want = prepared(n, -10, 11)
+                if yard is not None and k >= warmup:  # every process of the solution is paused here
+                    yard.run("between")
+                ms, reply = session.call(x, want, f"timing #{k + 1}")
                 windows.append(ms)
                 with contextlib.suppress(TypeError, ValueError):
                     host_ms.append(float(reply.get("host_ms")))  # type: ignore[arg-type]
@@ -250,11 +261,23 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
             session.close()
         if buffers is not None:
             buffers.close()
-    return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:])
+    speed = None
+    if yard is not None and yardstick_ms is not None and session is not None:
+        # Every process of the solution is gone now; the scorer can tell only inside its PID namespace.
+        yard.run("after", int(p["yardstick_block"]))
+        speed = _speed(yard, yardstick_ms, session.freezer.namespace)
+    return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed)
+
+
+def _speed(yard: Yardstick, at_calibration: float, after_trusted: bool) -> dict[str, Any]:
+    now = yard.current_ms(after_trusted)
+    return {"ms": now, "ms_at_calibration": at_calibration, "factor": at_calibration / now,
+            "length": int(yard.x.size), "after_trusted": after_trusted,
+            **{f"{phase}_ms": times for phase, times in yard.times.items()}}
 
 
 def _result(n: int, device: torch.device, timed: int, windows: list[float], baseline: list[float],
-            overhead: float, host_ms: list[float]) -> ScoreResult:
+            overhead: float, host_ms: list[float], speed: dict[str, Any] | None = None) -> ScoreResult:
     ms = [max(w - overhead, MIN_MS) for w in windows]
     median_ms = statistics.median(ms)
     q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [0.0, 0.0, 0.0]
@@ -262,9 +285,16 @@ def _result(n: int, device: torch.device, timed: int, windows: list[float], base
                "windows_ms": windows, "overhead_ms": overhead, "baseline_ms": baseline,
                "host_reported_ms": host_ms,
                "spread_ms": {"min": min(ms), "max": max(ms), "iqr": q[2] - q[0]}}
-    raw = math.log(median_ms)
+    counted, speed_note = median_ms, ""
+    if speed is not None:
+        counted = max(median_ms * speed["factor"], MIN_MS)
+        details.update(adjusted_ms=counted, yardstick=speed)
+        speed_note = (f"; the yardstick took {speed['ms']:.2f} ms in this scoring against "
+                      f"{speed['ms_at_calibration']:.2f} ms at calibration, so the time counts as "
+                      f"{counted:.3f} ms")
+    raw = math.log(counted)
     return ScoreResult(raw=raw, details=details, message=(
         f"Valid: correct on {len(_checks(n))} inputs; median {median_ms:.3f} ms over {timed} calls at "
         f"length {n:,} (min {min(ms):.3f}, max {max(ms):.3f}; timed by the scorer, protocol overhead "
-        f"{overhead:.3f} ms subtracted); score ln(ms) = {raw:.4f}"))
+        f"{overhead:.3f} ms subtracted){speed_note}; score ln(ms) = {raw:.4f}"))
 
