@@ -56,7 +56,7 @@ class OptimizeKernel(Environment):
         ),
     }
 
-    def instructions(self, tier: str) -> str:
+    def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
         spec = self.tier(tier)
         note = ""
         if spec.params.get("yardstick_ms"):
@@ -64,7 +64,7 @@ class OptimizeKernel(Environment):
                     f"multiplied by {spec.params['yardstick_ms']:g} ms (the time of a fixed workload, the "
                     "scorer's own yardstick, on the calibration machine) and divided by that workload's time "
                     "in this scoring, measured by the scorer while your processes are paused.")
-        return super().instructions(tier).replace("$speed_note", note)
+        return super().instructions(tier, time_limit_s).replace("$speed_note", note)
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score
