@@ -8,8 +8,9 @@ Three measurements, one run:
    calls after warm-up; CUDA events on GPU): milliseconds, effective bandwidth for the 8 bytes per
    element that must move (4 read, 4 written), and the speed-up of the reference over the start.
 3. With `--loads 1,2` (CPU tiers): both solutions scored `--load-repeats` times each while that many
-   busy-loop processes run alongside, normalised with the constants of step 1: the milliseconds
-   measured and those counted after the tier's yardstick adjustment.
+   busy-loop processes run alongside: the milliseconds measured, those counted after the tier's
+   yardstick adjustment, and the normalised score with the constants this machine uses (its own
+   record, else the shipped one, else the tier's defaults), for these scorings and those of step 1.
 
 Prints a table and writes everything as JSON to `--out`.
 
@@ -39,7 +40,16 @@ from typing import Any
 
 import torch
 
-from openrebench.core import Run, calibrate, detect_hardware, normalise, save_record, score_run, start_run
+from openrebench.core import (
+    Run,
+    calibrate,
+    constants_for,
+    detect_hardware,
+    normalise,
+    save_record,
+    score_run,
+    start_run,
+)
 from openrebench.environments import get_environment
 from openrebench.environments.optimize_kernel._inputs import expected_output, make_input
 
@@ -174,7 +184,7 @@ def main() -> None:
                 for _ in range(args.load_repeats):
                     for which in ("start", "reference"):
                         score_once(which, busy_count)
-    constants = record.constants("local")
+    constants = constants_for(env, args.tier)  # what a run started on this machine normalises with
     for s in scorings:
         s["normalised"] = normalise(s["raw"], constants)
 
@@ -207,7 +217,8 @@ def main() -> None:
         "benchmark": "optimize_kernel", "tier": args.tier, "length": n, "repeats": args.repeats,
         "command": " ".join(["python", *sys.argv]), "hardware": detect_hardware().model_dump(),
         "direct": direct, "scored": json.loads(record.model_dump_json()), "scored_speedup": ratio,
-        "scored_cv_of_ms": ms_cv, "scoring_wall_s": scoring_s, "by_load": loads, "scorings": scorings,
+        "scored_cv_of_ms": ms_cv, "scoring_wall_s": scoring_s, "normalisation": constants.model_dump(),
+        "by_load": loads, "scorings": scorings,
     }, indent=2) + "\n")
     print(f"results: {args.out}")
 

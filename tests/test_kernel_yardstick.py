@@ -98,16 +98,16 @@ def test_score_counts_milliseconds_relative_to_the_yardstick(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A yardstick made slower (a workload that sleeps) scales the counted time down by the same ratio."""
     ratios = {}
-    for sleep_ms in (10, 40):
+    for sleep_ms in (10, 30):
         monkeypatch.setattr(Yardstick, "workload", staticmethod(_slowed_by(sleep_ms / 1e3)))
         result = kernel_score(monkeypatch, tmp_path / str(sleep_ms), HONEST, yardstick_ms=20.0)
         assert result.raw is not None, result.message
         d, y = result.details, result.details["yardstick"]
-        assert sleep_ms <= y["ms"] < sleep_ms * 1.5 and y["ms_at_calibration"] == 20.0
+        assert sleep_ms <= y["ms"] < sleep_ms * 1.5 + 5 and y["ms_at_calibration"] == 20.0
         assert len(y["before_ms"]) == len(y["after_ms"]) == 7 and len(y["between_ms"]) == 8
         assert y["ms"] == min(statistics.median(y["between_ms"]), statistics.median(y["before_ms"]))
         assert d["adjusted_ms"] == pytest.approx(d["median_ms"] * 20.0 / y["ms"])
         assert result.raw == pytest.approx(math.log(d["adjusted_ms"]))
         assert "the time counts as" in result.message
         ratios[sleep_ms] = d["adjusted_ms"] / d["median_ms"]
-    assert ratios[10] / ratios[40] == pytest.approx(4, rel=0.25)
+    assert ratios[10] / ratios[30] == pytest.approx(3, rel=0.3)

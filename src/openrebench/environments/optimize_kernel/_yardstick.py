@@ -3,11 +3,11 @@
 A shared or drifting virtual machine slows every call (the same starting solution took 123 ms on one
 day and 217 ms on another), which alone moved the oracle's normalised score to 0.86. The yardstick is
 a fixed workload shaped like the task: the reference's algorithm (reduce-then-scan, on two threads
-started for each run, as the reference splits its work) in NumPy, on a fixed input. Under busy
-processes on a 2-core machine its slowdown followed both the starting solution's and the reference's,
-where a single-threaded NumPy scan barely slowed and PyTorch's own operations slowed three times more
-than either. A solution's milliseconds count as ms × (the yardstick's median at calibration ÷ its time
-in this scoring).
+started for each run, as the reference splits its work) in NumPy, on a fixed input. With one or two
+busy processes on a 2-core machine, where the starting solution and the reference slowed x1.3-1.8,
+a single-threaded NumPy scan slowed x1.1 and the start's PyTorch operations x3; this one follows the
+start closely and the reference's short calls (which slow a little less) roughly. A solution's
+milliseconds count as ms x (the yardstick's median at calibration / its time in this scoring).
 
 It runs in the scorer, while every process of the solution is paused: once before each timed call
 (after the scorer has prepared that call's input, so no cache state the solution left matters), and in
