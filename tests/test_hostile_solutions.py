@@ -121,7 +121,7 @@ def test_solution_cannot_kill_the_harness(kernel_run: Run, sandboxed: bool) -> N
     if sandboxed and bwrap_usable():
         pytest.skip(f"no scoring sandbox: {bwrap_usable()}")
     (kernel_run.workspace / "solution.py").write_text(KILLER)
-    row = score_run(kernel_run, timeout_s=20, sandboxed=sandboxed)
+    row = score_run(kernel_run, timeout_s=90, sandboxed=sandboxed)
     assert row.raw is None
     assert ("failed to import: SystemExit: still alive" in row.message
             or "PermissionError: [Errno 1] Operation not permitted" in row.message), row.message
