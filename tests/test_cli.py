@@ -112,3 +112,12 @@ def test_calibrate_writes_a_record_that_new_runs_use(tmp_path: Path) -> None:
     run = RunClass.create(get_environment("optimize_kernel"), "mini", tmp_path / "run")
     assert run.info.constants.source.startswith("local calibration on cpu:")
     assert run.info.constants.start == record["start"]["median"]
+
+
+def test_the_log_table_shows_each_message_s_first_clause() -> None:
+    from openrebench.cli import _first_clause
+
+    message = "Valid: correct on 8 inputs; median 7.9 ms over 20 calls"
+    assert _first_clause(message) == "Valid: correct on 8 inputs …"
+    assert _first_clause("Invalid: wrong output\ndetails") == "Invalid: wrong output"
+    assert len(_first_clause("x" * 500)) == 120 and _first_clause("") == ""

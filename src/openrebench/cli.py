@@ -78,9 +78,18 @@ def _log_table(run: Run, rows: list[ScoreRow]) -> Table:
         table.add_column(col, justify="right" if col in ("#", "elapsed", "raw", "normalised") else "left")
     for r in rows:
         table.add_row(str(r.index), f"{r.elapsed_s / 60:.1f} min", r.kind + ("" if r.charged else " (free)"),
-                      _fmt(r.raw), _fmt(r.normalised, 3), r.message.splitlines()[0][:120],
+                      _fmt(r.raw), _fmt(r.normalised, 3), _first_clause(r.message),
                       style=None if r.valid else "red")
     return table
+
+
+def _first_clause(message: str, limit: int = 120) -> str:
+    """A row's message in the log table: its first clause (the whole message is in score_log.jsonl
+    and was printed when it was scored), so a table stays readable in 80 columns."""
+    line = (message.splitlines() or [""])[0]
+    clause = line.split("; ", 1)[0]
+    text = clause if clause == line else clause + " …"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 @app.command("list")
