@@ -293,15 +293,12 @@ def _duration(text: str) -> float:
 
 
 def _check_gpus(env_ids: list[str], tier: str) -> None:
-    """Fail before Inspect starts when a tier needs a GPU this machine lacks, or more GPUs than the
-    pool attempts lease from (OPENREBENCH_GPUS) holds."""
+    """Fail before Inspect starts when a tier needs more GPUs than the pool attempts lease from
+    (OPENREBENCH_GPUS) holds. (A machine without the GPU at all is refused when the task is made.)"""
     from openrebench.core import visible_gpus
-    from openrebench.core._hardware import tier_hardware_problem
 
     for env_id in env_ids:
         spec = _env(env_id).tier(tier)
-        if problem := tier_hardware_problem(spec):
-            raise OpenRebenchError(f"{env_id}: {problem}")
         if spec.gpu_count > (have := len(visible_gpus())):
             raise OpenRebenchError(f"{env_id} ({tier}) needs {spec.gpu_count} GPU(s); the pool holds {have} "
                                    "(OPENREBENCH_GPUS)")
@@ -427,6 +424,9 @@ def eval_(
     if model is not None:
         check_client(model)
     seconds = _duration(time_limit) if time_limit else None
+    # Making the tasks checks their arguments and the machine (nothing is set up yet).
+    tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
+                      isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
     _check_gpus(ids, tier)
     if agent == "react" and model is not None:
         estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices)
@@ -434,8 +434,6 @@ def eval_(
         estimate.check(max_cost, yes)
     if model is not None:
         check_credentials(model)
-    tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
-                      isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
                "max_samples": max_samples, "display": display}
