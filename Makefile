@@ -24,6 +24,7 @@ view: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 # The report test renders the HTML page in headless Chromium; install it where we may (root + apt).
@@ -37,6 +38,7 @@ browser:
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from openrebench.core import cache_dir, calibrate_environment, detect_hardware, save_record
-from openrebench.environments import get_environment
+from openrebench.api import cache_dir
 from openrebench.lm import assets_root, load_manifest
+from openrebench.runs import calibrate_environment, detect_hardware, get_environment, save_record
 
 
 def main() -> None:

@@ -37,20 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from openrebench.core import (
-    OpenRebenchError,
-    cache_dir,
-    calibrate,
-    detect_hardware,
-    save_record,
-    score_run,
-    start_run,
-)
-from openrebench.environments import get_environment
+from openrebench.api import OpenRebenchError, cache_dir
 from openrebench.environments.optimize_finetune._cheats import install_cheat
 from openrebench.environments.optimize_finetune._weights import Weights, distances
 from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
 from openrebench.environments.optimize_finetune.scorer import prepare_inputs, run_pipeline, set_seed
+from openrebench.runs import calibrate, detect_hardware, get_environment, save_record, score_run, start_run
 
 
 class Results:

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from openrebench.core import cache_dir, detect_hardware
-from openrebench.environments import get_environment
+from openrebench.api import cache_dir
 from openrebench.environments.optimize_finetune._assets import build
+from openrebench.runs import detect_hardware, get_environment
 
 
 def reference_module() -> Any:

@@ -40,18 +40,18 @@ from typing import Any
 
 import torch
 
-from openrebench.core import (
+from openrebench.environments.optimize_kernel._inputs import expected_output, make_input
+from openrebench.runs import (
     Run,
     calibrate,
     constants_for,
     detect_hardware,
+    get_environment,
     normalise,
     save_record,
     score_run,
     start_run,
 )
-from openrebench.environments import get_environment
-from openrebench.environments.optimize_kernel._inputs import expected_output, make_input
 
 
 def load(path: Path, name: str) -> ModuleType:

@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from openrebench.core import detect_hardware, score_run, start_run
-from openrebench.environments import get_environment
+from openrebench.runs import detect_hardware, get_environment, score_run, start_run
 
 PATCH_SYNC = "import torch\ntorch.cuda.synchronize = lambda *a, **k: None\n"
 SIDE_STREAM = """

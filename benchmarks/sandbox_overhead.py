@@ -3,7 +3,7 @@
 Measured on scaling_law (mini), whose scorer reads one JSON answer and imports no torch, so the
 scorer's own time is small and steady and the differences below are the harness's. Each repeat runs,
 interleaved:
-- bare: the scorer process alone on a ready snapshot (`python -P -m openrebench.core._scorer_main`,
+- bare: the scorer process alone on a ready snapshot (`python -P -m openrebench.runs._scorer_main`,
   no sandbox, no snapshot, no log);
 - score_run: the harness's scoring path (snapshot, scoring sandbox with its cgroup, the scorer, the
   row appended to the score log);
@@ -31,8 +31,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from openrebench.core import detect_hardware, score_run, snapshot_workspace, start_run
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+from openrebench.runs import detect_hardware, score_run, snapshot_workspace, start_run
 
 ENV = "scaling_law"
 
@@ -41,7 +41,7 @@ def _bare(snapshot: Path, protected: Path) -> float:
     config = {"env_id": ENV, "tier": "mini", "nonce": "0", "solution": str(snapshot),
               "protected": str(protected)}
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-P", "-m", "openrebench.core._scorer_main"], cwd=snapshot,
+    out = subprocess.run([sys.executable, "-P", "-m", "openrebench.runs._scorer_main"], cwd=snapshot,
                          input=json.dumps(config).encode(), capture_output=True, check=True)
     elapsed = time.perf_counter() - t0
     assert b"Valid" in out.stdout, out.stdout[-400:]

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from openrebench.core import cache_dir, calibrate, detect_hardware, save_record, show_progress
-from openrebench.environments import get_environment
+from openrebench.api import cache_dir, show_progress
 from openrebench.environments.scaling_law import _assets
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path, sweep
 from openrebench.environments.scaling_law.experiment import Result, Setup
 from openrebench.environments.scaling_law.scorer import read_answer, score_answer
 from openrebench.lm import load_manifest
+from openrebench.runs import calibrate, detect_hardware, get_environment, save_record
 
 
 def main() -> None:

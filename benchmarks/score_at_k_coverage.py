@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from openrebench.analysis import expected_max, score_at_k
-from openrebench.core import detect_hardware
+from openrebench.runs import detect_hardware
 
 
 def populations(rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import Run, start_run
+from openrebench.runs import Run, start_run
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from openrebench.core import ScoreResult, TierSpec
-from openrebench.environments import get_environment
+from openrebench.api import ScoreResult, TierSpec
+from openrebench.runs import get_environment
 
 KERNEL_PARAMS: dict[str, Any] = {"length": 2**15, "warmup_calls": 2, "timed_calls": 8, "call_timeout_s": 30,
                                  "setup_timeout_s": 60}

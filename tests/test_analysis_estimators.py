@@ -23,7 +23,7 @@ from openrebench.analysis import (
     score_at,
     score_at_k,
 )
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 CASES = [
     [0.3],

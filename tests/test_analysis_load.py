@@ -10,8 +10,9 @@ import pytest
 from inspect_ai.log import EvalError, EvalLog
 
 from analysis_helpers import REAL_LOG, runs_log, write_variant
-from openrebench.analysis import load_logs, load_paper, load_prices
-from openrebench.core import OpenRebenchError
+from openrebench.analysis import load_logs, load_paper
+from openrebench.api import OpenRebenchError
+from openrebench.harness import load_prices
 
 
 def test_real_log_gives_one_attempt_with_its_score_log() -> None:

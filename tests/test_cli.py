@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from openrebench.api import Direction
 from openrebench.cli import app
-from openrebench.core import Direction, Run, final_score
+from openrebench.runs import Run, final_score
 
 runner = CliRunner()
 
@@ -28,7 +29,7 @@ def test_list_and_info_show_the_kernel_environment() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("info", "nope"), "error: unknown environment 'nope' (known: optimize_kernel, "),
+    (("info", "nope"), "error: unknown environment 'nope' (known: fix_embedding, "),
     (("start", "nope", "RUN"), "error: unknown environment 'nope'"),
     (("start", "optimize_kernel", "--tier", "huge", "RUN"), "error: unknown tier 'huge' for optimize_kernel"),
     (("score", "MISSING"), "does not exist"),
@@ -74,7 +75,7 @@ def test_mini_path_start_reference_score_result(tmp_path: Path, monkeypatch: pyt
     assert setup.kind == "setup" and not setup.charged and setup.valid
     assert setup.normalised is not None and setup.normalised <= 0.2, setup  # the start is ~0, within noise
 
-    from openrebench.environments import get_environment
+    from openrebench.runs import get_environment
 
     get_environment("optimize_kernel").install_reference(run.workspace)
     # Scored twice, as an agent would: the run's final score is its best row, which absorbs a single
@@ -95,9 +96,9 @@ def test_mini_path_start_reference_score_result(tmp_path: Path, monkeypatch: pyt
 
 @pytest.mark.slow
 def test_calibrate_writes_a_record_that_new_runs_use(tmp_path: Path) -> None:
-    from openrebench.core import Run as RunClass
-    from openrebench.core import cache_dir
-    from openrebench.environments import get_environment
+    from openrebench.api import cache_dir
+    from openrebench.runs import Run as RunClass
+    from openrebench.runs import get_environment
 
     code, out = invoke("calibrate", "optimize_kernel", "--tier", "mini", "--repeats", "1",
                        "--out", str(tmp_path / "records"))

@@ -14,11 +14,11 @@ from inspect_ai.log import EvalError, EvalLog
 from typer.testing import CliRunner
 
 from analysis_helpers import real_log
+from openrebench.api import OpenRebenchError, describe_duration
 from openrebench.cli import _duration, _exit_code, _failures, app
-from openrebench.core import OpenRebenchError, describe_duration
-from openrebench.environments import get_environment
-from openrebench.harness import TASKS, TaskArgError
+from openrebench.harness import TaskArgError, environment_tasks
 from openrebench.harness._task import system_prompt
+from openrebench.runs import get_environment
 
 RANGE = "1 minute to 7 days (60 to 604800 seconds)"
 
@@ -47,7 +47,7 @@ def test_durations_take_units_and_the_range_ends() -> None:
 
 def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from openrebench.core import _hardware
+    from openrebench.runs import _hardware
 
     cpu_only = _hardware.detect_hardware().model_copy(update={"gpu_count": 0, "gpu_model": None})
     monkeypatch.setattr(_hardware, "detect_hardware", lambda: cpu_only)
@@ -70,7 +70,7 @@ def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(
 ])
 def test_bad_task_args_give_one_line(args: dict[str, object], message: str) -> None:
     with pytest.raises(TaskArgError) as info:
-        TASKS["optimize_kernel"](**args)
+        environment_tasks()["optimize_kernel"](**args)
     assert message in str(info.value) and "\n" not in str(info.value)
     assert info.value.message == f"error: {info.value}"  # what `inspect eval` prints, without a traceback
 
@@ -95,26 +95,26 @@ def test_working_time_reads_in_minutes_under_two_hours_else_hours(seconds: float
 
 
 def test_the_agent_is_told_the_working_limit_inspect_enforces() -> None:
-    task = TASKS["optimize_kernel"](time_limit="1800")  # -T values may arrive as strings
+    task = environment_tasks()["optimize_kernel"](time_limit="1800")  # -T values may arrive as strings
     assert task.working_limit == 1800
     (sample,) = task.dataset
     assert "You have 30 minutes of working time" in str(sample.input) and "hours" not in str(sample.input)
     assert "You have 30 minutes of working time" in system_prompt("optimize_kernel", 1800)
-    default = TASKS["optimize_kernel"]()  # the tier's own limit, in hours from two hours up
+    default = environment_tasks()["optimize_kernel"]()  # the tier's own limit, in hours from two hours up
     hours = get_environment("optimize_kernel").tier("mini").time_limit_hours
     assert hours >= 2 and default.working_limit == hours * 3600
     assert f"You have {hours:g} hours of working time" in str(default.dataset[0].input)
 
 
 def test_every_environment_tells_its_agent_the_working_limit() -> None:
-    for env_id, make in TASKS.items():
+    for env_id, make in environment_tasks().items():
         (sample,) = make(time_limit=1800).dataset
         assert "30 minutes" in str(sample.input), env_id
 
 
 def test_the_runs_directory_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    task = TASKS["optimize_kernel"](runs_dir="runs")
+    task = environment_tasks()["optimize_kernel"](runs_dir="runs")
     assert task.sandbox is not None
     assert task.sandbox.config.runs_dir == str(tmp_path.resolve() / "runs")  # type: ignore[union-attr]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from openrebench.core import Cgroup
 from openrebench.environments.optimize_finetune import scorer
 from openrebench.environments.optimize_finetune.env import CONFIG
 from openrebench.environments.optimize_finetune.scorer import Outcome, reference_run, run_pipeline
+from openrebench.isolation import Cgroup
 
 WORK_S = 1.5  # how long the left-behind work runs after finetune.sh exits
 

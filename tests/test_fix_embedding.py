@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from openrebench.core import Run, score_run, start_run
-from openrebench.environments import get_environment
 from openrebench.lm import GPT, GPTConfig, save_checkpoint
+from openrebench.runs import Run, get_environment, score_run, start_run
 
 pytest_plugins = ["lm_support"]
 

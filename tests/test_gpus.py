@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from openrebench.core import GpuLease, OpenRebenchError, visible_gpus
+from openrebench.api import OpenRebenchError
+from openrebench.isolation import GpuLease, visible_gpus
 
 
 def test_leases_are_exclusive_and_released(monkeypatch: pytest.MonkeyPatch) -> None:

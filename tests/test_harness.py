@@ -12,9 +12,9 @@ import pytest
 from inspect_ai import eval as inspect_eval
 from inspect_ai.model import ModelOutput, get_model
 
-from openrebench.core import Run, bwrap_binary
-from openrebench.environments import get_environment
-from openrebench.harness import TASKS
+from openrebench.harness import environment_tasks
+from openrebench.isolation import bwrap_binary
+from openrebench.runs import Run, get_environment
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")]
@@ -33,7 +33,7 @@ def test_scripted_agent_scores_broken_then_reference(tmp_path: Path) -> None:
         ModelOutput.for_tool_call("mockllm/model", "submit", {"answer": "done"}),
     ]
     model = get_model("mockllm/model", custom_outputs=outputs)
-    task = TASKS["optimize_kernel"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"))
+    task = environment_tasks()["optimize_kernel"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"))
     (log,) = inspect_eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     (sample,) = log.samples
@@ -88,8 +88,8 @@ def test_inspect_eval_as_the_readme_writes_it(tmp_path: Path) -> None:
 HUMAN_EVAL = """
 import sys
 from inspect_ai import eval as inspect_eval
-from openrebench.harness import TASKS
-task = TASKS["optimize_kernel"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs")
+from openrebench.harness import environment_tasks
+task = environment_tasks()["optimize_kernel"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs")
 (log,) = inspect_eval(task, model="none", log_dir=sys.argv[1] + "/logs", display="plain")
 print("STATUS", log.status)
 """

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernel_support import kernel_score
-from openrebench.core import Run, score_run
+from openrebench.runs import Run, score_run
 
 CORRECT = textwrap.dedent("""
     import torch
@@ -36,7 +36,7 @@ HOSTILE: dict[str, tuple[str, str]] = {
     "modifies its input": (CORRECT.replace("    odd = ", "    x.zero_()\n    odd = "),
                            "prefix_sum modified its input"),
     "points the scorer at unmapped memory": (
-        "from openrebench.core import HostChannel\n_send = HostChannel.send\n"
+        "from openrebench.api import HostChannel\n_send = HostChannel.send\n"
         "HostChannel.send = lambda self, m: _send(self, {**m, 'addr': 4096} if 'addr' in m else m)\n"
         + CORRECT, "could not be read after the call"),
     "fills memory": ("import numpy as np\nhog = np.ones(8 * 1024**3, dtype=np.uint8)\n",
@@ -113,8 +113,8 @@ KILLER = textwrap.dedent("""
 def test_solution_cannot_kill_the_harness(kernel_run: Run, sandboxed: bool) -> None:
     """It tries to kill the scorer and the harness: in the scorer's PID namespace neither is
     reachable; in the scoring sandbox (as root) the solution runs as another uid than the scorer."""
-    from openrebench.core import bwrap_usable
-    from openrebench.core._isolation import pid_namespace_prefix
+    from openrebench.isolation import bwrap_usable
+    from openrebench.isolation._namespace import pid_namespace_prefix
 
     if not pid_namespace_prefix():
         pytest.skip("no PID namespaces on this machine (unshare unavailable)")
@@ -130,10 +130,10 @@ def test_solution_cannot_kill_the_harness(kernel_run: Run, sandboxed: bool) -> N
 @pytest.mark.slow
 def test_solution_that_kills_its_parent_gives_invalid_row(kernel_run: Run, monkeypatch) -> None:
     """Without a PID namespace the scorer can be killed: the harness reports it and carries on."""
-    from openrebench.core import _isolation
+    from openrebench.isolation import _namespace as _isolation
 
     monkeypatch.setattr(_isolation, "pid_namespace_prefix", lambda: ())
-    monkeypatch.setattr("openrebench.core._scoring.pid_namespace_prefix", lambda: ())
+    monkeypatch.setattr("openrebench.runs._scoring.pid_namespace_prefix", lambda: ())
     killer = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
     (kernel_run.workspace / "solution.py").write_text(killer)
     row = score_run(kernel_run, timeout_s=20, sandboxed=False)

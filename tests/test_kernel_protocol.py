@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernel_support import kernel_score
-from openrebench.core import Run, ScoreRow, score_run
+from openrebench.runs import Run, ScoreRow, score_run
 
 HONEST = textwrap.dedent("""
     import time
@@ -51,8 +51,8 @@ ATTACKS: dict[str, str] = {
     # Fake every time the host reports, slow every message but the results, and disable the old guard.
     "patches the channel, the guard and the clock": HONEST + textwrap.dedent("""
         import sys
-        import openrebench.core._protocol as protocol
-        from openrebench.core import HostChannel, TamperGuard
+        import openrebench.api._protocol as protocol
+        from openrebench.api import HostChannel, TamperGuard
         _write = protocol.write_message
 
         def write(fd, message):
@@ -180,7 +180,7 @@ def test_work_left_running_after_the_reply_is_not_seen(kernel_run: Run, name: st
 def test_sandboxed_scoring_reads_results_and_pauses_daemons(kernel_run: Run) -> None:
     """In the bubblewrap sandbox the solution runs as another uid than the scorer: an honest solution
     is read and timed, and a double-forked daemon is paused with the rest."""
-    from openrebench.core import bwrap_usable
+    from openrebench.isolation import bwrap_usable
 
     if bwrap_usable():
         pytest.skip(f"no scoring sandbox: {bwrap_usable()}")

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from kernel_support import kernel_score
-from openrebench.environments import get_environment
 from openrebench.environments.optimize_kernel._inputs import expected_output
 from openrebench.environments.optimize_kernel._yardstick import Yardstick, reduce_then_scan
+from openrebench.runs import get_environment
 
 HONEST = """
 import time

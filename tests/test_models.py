@@ -13,11 +13,12 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
+from openrebench.api import OpenRebenchError
 from openrebench.cli import app
-from openrebench.core import OpenRebenchError, bwrap_binary
 from openrebench.harness import _models
 from openrebench.harness._limits import IDLE_TURNS, agent_limits, parse_count
 from openrebench.harness._models import Estimate, check_client, estimate_run, find_price, install_hint
+from openrebench.isolation import bwrap_binary
 
 pytest.importorskip("openai")
 
@@ -249,12 +250,13 @@ def test_the_idle_count_restarts_after_each_tool_call() -> None:
 
 
 def test_task_args_set_inspect_limits_and_metadata() -> None:
-    from openrebench.harness import TASKS
+    from openrebench.harness import environment_tasks
 
-    task = TASKS["optimize_kernel"](agent="react", time_limit=600, message_limit="70", token_limit="300k")
+    make = environment_tasks()["optimize_kernel"]
+    task = make(agent="react", time_limit=600, message_limit="70", token_limit="300k")
     assert (task.message_limit, task.token_limit) == (70, 300_000)
     assert task.metadata["idle_turns"] == IDLE_TURNS
-    oracle = TASKS["optimize_kernel"]()
+    oracle = environment_tasks()["optimize_kernel"]()
     assert oracle.message_limit is None and oracle.metadata["token_limit"] is None
 
 

@@ -12,12 +12,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from openrebench.api import OpenRebenchError
 from openrebench.cli import app
-from openrebench.core import Hardware, OpenRebenchError, Run, _calibration, _hardware, _run, start_run
-from openrebench.core import _scoring as scoring
-from openrebench.core._calibration import CalibrationRecord, Stats, constants_for
-from openrebench.core._hardware import model_key
-from openrebench.environments import ENVIRONMENTS, get_environment
+from openrebench.runs import (
+    Hardware,
+    Run,
+    _calibration,
+    _hardware,
+    _run,
+    environment_classes,
+    get_environment,
+    start_run,
+)
+from openrebench.runs import _scoring as scoring
+from openrebench.runs._calibration import CalibrationRecord, Stats, constants_for
+from openrebench.runs._hardware import model_key
 
 runner = CliRunner()
 
@@ -47,7 +56,7 @@ def test_a_relative_run_directory_is_made_absolute_once(tmp_path: Path,
     run, _ = start_run("optimize_kernel", "mini", Path("runs/k1"), score_start=False)
     assert run.path == tmp_path / "runs" / "k1" and run.protected.is_absolute()
     monkeypatch.setenv("OPENREBENCH_HOME", "cache")
-    from openrebench.core import cache_dir
+    from openrebench.api import cache_dir
 
     assert cache_dir() == tmp_path / "cache"
 
@@ -81,7 +90,7 @@ def test_an_existing_directory_is_refused_with_what_to_do(tmp_path: Path) -> Non
 def test_the_full_tier_without_a_gpu_stops_before_building(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     _no_gpu(monkeypatch)
-    for env_id, cls in ENVIRONMENTS.items():
+    for env_id, cls in environment_classes().items():
         if "full" not in cls.tiers:
             continue
         with pytest.raises(OpenRebenchError, match=r"needs 1 CUDA GPU.*sees no CUDA GPU.*--tier mini"):
@@ -89,11 +98,11 @@ def test_the_full_tier_without_a_gpu_stops_before_building(tmp_path: Path,
         assert not (tmp_path / env_id).exists()
     result = runner.invoke(app, ["start", "optimize_kernel", "--tier", "full", str(tmp_path / "k")])
     assert result.exit_code == 1 and "CUDA GPU" in result.output and "Traceback" not in result.output
-    from openrebench.harness import TASKS
+    from openrebench.harness import environment_tasks
 
     monkeypatch.setattr(_hardware, "detect_hardware", _run.detect_hardware)
     with pytest.raises(OpenRebenchError, match="sees no CUDA GPU"):  # `inspect eval -T tier=full`
-        TASKS["optimize_kernel"](tier="full")
+        environment_tasks()["optimize_kernel"](tier="full")
 
 
 # -- whose failure -----------------------------------------------------------------------------------
@@ -175,7 +184,7 @@ def test_a_record_measured_with_a_clock_in_the_name_matches_the_same_cpu_without
 
 
 def test_every_shipped_mini_record_is_found_on_the_cpu_it_names() -> None:
-    for env_id in ENVIRONMENTS:
+    for env_id in environment_classes():
         env = get_environment(env_id)
         for path in (env.root / "calibration").glob("mini--*.json"):
             record = json.loads(path.read_text())
@@ -196,7 +205,7 @@ def _commands(text: str) -> list[str]:
 
 def test_every_command_the_instructions_name_works_in_the_agent_sandbox(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from openrebench.core import ScoreResult
+    from openrebench.api import ScoreResult
     from openrebench.harness._sandbox import OpenRebenchSandbox, SandboxConfig
 
     # The scorer itself is another test's business (tests/test_sandbox.py): here a quick stand-in, so
@@ -205,7 +214,7 @@ def test_every_command_the_instructions_name_works_in_the_agent_sandbox(
 
     run, _ = start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)
     named: dict[str, list[str]] = {}
-    for env_id in ENVIRONMENTS:
+    for env_id in environment_classes():
         env = get_environment(env_id)
         named[env_id] = _commands(env.instructions("mini"))
         if (env.root / "starting").is_dir():

@@ -2,7 +2,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from openrebench.core import Direction, NormConstants, ScoreRow, final_row, final_score, normalise
+from openrebench.api import Direction, NormConstants
+from openrebench.runs import ScoreRow, final_row, final_score, normalise
 
 LN = NormConstants(start=4.0, reference=2.0, source="test")  # lower is better
 UP = NormConstants(start=0.5, reference=0.9, source="test")  # higher is better

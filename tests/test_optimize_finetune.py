@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import Run, _scoring, score_run, start_run
-from openrebench.environments import get_environment
 from openrebench.environments.optimize_finetune._cheats import CHEATS, install_cheat
 from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
 from openrebench.environments.optimize_finetune.scorer import prepare_inputs, run_pipeline, set_seed
+from openrebench.runs import Run, _scoring, get_environment, score_run, start_run
 
 pytest_plugins = ["lm_support"]
 
@@ -205,7 +204,7 @@ def test_work_left_running_is_counted_and_cannot_reach_the_reference_run(run: Ru
     """In the scoring sandbox: work a daemon finishes after finetune.sh exits is timed (the harness's
     cgroup), and the reference run (a spy here) starts with nothing of the solution's alive and none of
     its files in /tmp and /dev/shm, its caches in a fresh home."""
-    from openrebench.core import bwrap_binary
+    from openrebench.isolation import bwrap_binary
 
     if bwrap_binary() is None:
         pytest.skip("bubblewrap is not available")

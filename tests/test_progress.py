@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from openrebench.core import StageUpdate, _progress, reporting, show_progress, stage
-from openrebench.core._progress import RichProgress, progress_active
+from openrebench.api import StageUpdate, _progress, reporting, show_progress, stage
+from openrebench.api._progress import RichProgress, progress_active
 from openrebench.harness import _progress as inspect_progress
 from openrebench.harness._progress import CAPTION, InspectProgress
 from openrebench.lm import SPLITS, Corpus, GPTConfig, TrainConfig, build_trained_model

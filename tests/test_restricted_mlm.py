@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openrebench.core import Run, SolutionProcess, score_run, start_run
-from openrebench.environments import get_environment
+from openrebench.api import SolutionProcess
 from openrebench.environments.restricted_mlm._graph import (
     Program,
     RuleViolation,
@@ -30,6 +29,7 @@ from openrebench.environments.restricted_mlm._graph import (
     unpack_constants,
 )
 from openrebench.environments.restricted_mlm.env import RestrictedMLM
+from openrebench.runs import Run, get_environment, score_run, start_run
 
 pytest_plugins = ["lm_support"]
 
@@ -323,11 +323,11 @@ def test_oracle_through_inspect_start_and_reference_are_valid(mlm_home: Path, tm
     sandbox and scores it until it reaches 0.95 normalised, at most ORACLE_SCORINGS times."""
     from inspect_ai import eval as inspect_eval
 
-    from openrebench.harness import TASKS
+    from openrebench.harness import environment_tasks
     from openrebench.harness._task import ORACLE_SCORINGS
 
     monkeypatch.setenv("OPENREBENCH_HOME", str(mlm_home))
-    task = TASKS["restricted_mlm"](tier="mini", agent="oracle", runs_dir=str(tmp_path / "runs"))
+    task = environment_tasks()["restricted_mlm"](tier="mini", agent="oracle", runs_dir=str(tmp_path / "runs"))
     (log,) = inspect_eval(task, model="none", log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     rows = log.samples[0].scores["run_score"].metadata["score_log"]

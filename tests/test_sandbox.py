@@ -11,8 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from openrebench.core import SANDBOX_UID, Run, bwrap_binary, start_run
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+from openrebench.isolation import SANDBOX_UID, bwrap_binary
+from openrebench.runs import Run, start_run
 
 pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
 
@@ -127,7 +128,7 @@ def test_tmp_and_home_persist_between_commands(box: OpenRebenchSandbox) -> None:
 def test_scoring_sandbox_hides_protected_data_reference_and_log(box: OpenRebenchSandbox) -> None:
     """The solution's code, run by the scorer, sees no more than the agent's shell does."""
     import openrebench
-    from openrebench.core import score_run
+    from openrebench.runs import score_run
 
     run = box.run
     ref = Path(openrebench.__file__).parent / "environments" / "optimize_kernel" / "reference"

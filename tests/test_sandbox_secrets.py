@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import openrebench
-from openrebench.core import bwrap_binary, start_run
-from openrebench.core._bwrap import package_root
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+from openrebench.isolation import bwrap_binary
+from openrebench.isolation._bwrap import package_root
+from openrebench.runs import start_run
 
 pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
 
@@ -118,7 +119,7 @@ def test_no_file_readable_in_the_agents_sandbox_holds_secrets(tmp_path: Path) ->
 
 def test_the_references_settings_are_kept_with_the_reference() -> None:
     """Settings that describe how a reference works live in its masked reference/ folder, not in env.py."""
-    from openrebench.environments import get_environment
+    from openrebench.runs import get_environment
 
     outside = [p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".json")
                and "reference" not in p.relative_to(PACKAGE).parts]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from openrebench.core import SandboxSpec, bwrap_command, bwrap_usable
+from openrebench.isolation import SandboxSpec, bwrap_command, bwrap_usable
 
 CODE = "import multiprocessing as mp; mp.Lock(); print(mp.Pool(2).map(abs, [-1, -2]))"
 

@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 import torch
 
-from openrebench.core import OpenRebenchError, Run, final_score, score_run
-from openrebench.environments import get_environment
+from openrebench.api import OpenRebenchError
 from openrebench.environments.scaling_law import _assets
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path
 from openrebench.environments.scaling_law.experiment import Setup, run_experiment
 from openrebench.environments.scaling_law.scorer import score
 from openrebench.harness._sandbox import format_log
 from openrebench.lm import GPT
+from openrebench.runs import Run, final_score, get_environment, score_run
 
 pytest_plugins = ["lm_support"]
 

@@ -3,7 +3,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from openrebench.core import ScoreRow, append_row, read_log
+from openrebench.runs import ScoreRow, append_row, read_log
 
 
 def make_row(raw: float | None, message: str = "ok") -> ScoreRow:

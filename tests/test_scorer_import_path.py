@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from openrebench.core import Run, score_run
+from openrebench.runs import Run, score_run
 
 FAKE_SCORER = """
 import json, sys

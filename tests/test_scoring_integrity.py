@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import OpenRebenchError, Run, _score_log, _scoring, score_run
-from openrebench.core._scorer_main import failure_message
-from openrebench.core._scoring import snapshot_workspace
+from openrebench.api import OpenRebenchError
+from openrebench.runs import Run, _score_log, _scoring, score_run
+from openrebench.runs._scorer_main import failure_message
+from openrebench.runs._scoring import snapshot_workspace
 
 
 @pytest.fixture
@@ -217,12 +218,11 @@ def test_the_scorer_process_always_answers_without_the_exception_text(tmp_path: 
     """An environment whose scorer raises with held-out values in the message: one result line, a fixed
     message, the traceback only in the hidden details; the process is not dumpable."""
     script = (
-        "import sys, openrebench.environments as e\n"
+        "import sys\nfrom openrebench.runs import _registry, _scorer_main\n"
         "class Env:\n"
         "    def score(self, *a):\n"
         "        raise IndexError('index 31337 is out of bounds: held-out token')\n"
-        "e.get_environment = lambda _id: Env()\n"
-        "from openrebench.core import _scorer_main\n"
+        "_registry.get_environment = lambda _id: Env()\n"
         "_scorer_main.main()\n")
     config = {"env_id": "x", "tier": "mini", "nonce": "n0", "solution": str(tmp_path),
               "protected": str(tmp_path / "protected")}
@@ -245,7 +245,7 @@ def test_failure_messages_name_missing_protected_files_as_infrastructure() -> No
 
 
 def test_make_non_dumpable_takes_effect() -> None:
-    code = ("import ctypes\nfrom openrebench.core._scorer_main import make_non_dumpable\n"
+    code = ("import ctypes\nfrom openrebench.runs._scorer_main import make_non_dumpable\n"
             "assert make_non_dumpable()\nprint(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "0", out.stderr

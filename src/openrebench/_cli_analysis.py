@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 if TYPE_CHECKING:
     from openrebench.analysis import Analysis
@@ -51,7 +51,8 @@ def build_analysis(paths: list[Path], paper: bool, envs: list[str] | None, budge
                    max_budget: float, boots: int, sims: int, seed: int, skip_incomplete: bool,
                    prices: Path | None, human_rows: str) -> Analysis:
     """Logs, the paper's data, or both (the paper's data then restricted to the logs' environments)."""
-    from openrebench.analysis import Dataset, analyze, load_logs, load_paper, load_prices, paper_headline
+    from openrebench.analysis import Dataset, analyze, load_logs, load_paper, paper_headline
+    from openrebench.harness import load_prices
 
     if not paths and not paper:
         raise OpenRebenchError("nothing to analyse: give Inspect log files or directories, and/or --paper")

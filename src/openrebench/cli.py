@@ -17,7 +17,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from openrebench.core import OpenRebenchError, Run, ScoreRow, final_score, show_progress
+from openrebench.api import OpenRebenchError, show_progress
+from openrebench.runs import Run, ScoreRow, final_score
 
 app = typer.Typer(help="Open, runnable RE-Bench: ML research-engineering environments.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -47,7 +48,7 @@ def _user_errors(fn: F) -> F:
 
 
 def _env(env_id: str):
-    from openrebench.environments import get_environment
+    from openrebench.runs import get_environment
 
     return get_environment(env_id)
 
@@ -57,7 +58,7 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 def _score_with_status(run: Run, label: str, **kwargs: Any) -> ScoreRow:
-    from openrebench.core import score_run
+    from openrebench.runs import score_run
 
     with console.status(f"{label} (scoring runs in a separate process; this can take a while)…"):
         return score_run(run, **kwargs)
@@ -96,12 +97,12 @@ def _first_clause(message: str, limit: int = 120) -> str:
 @_user_errors
 def list_() -> None:
     """List the environments."""
-    from openrebench.environments import ENVIRONMENTS
+    from openrebench.runs import environment_classes
 
     table = Table(title="openrebench environments")
     for col in ("id", "the job (RE-Bench task)", "tiers", "best"):
         table.add_column(col, no_wrap=col != "the job (RE-Bench task)")
-    for cls in ENVIRONMENTS.values():
+    for cls in environment_classes().values():
         job = f"{cls.title} [dim]({cls.rebench_id})[/]"
         table.add_row(cls.id, job, ", ".join(cls.tiers), cls.direction.value)
     console.print(table)
@@ -111,7 +112,7 @@ def list_() -> None:
 @_user_errors
 def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None:
     """Show an environment's tiers and normalisation constants."""
-    from openrebench.core import constants_for
+    from openrebench.runs import constants_for
 
     env = _env(env_id)
     console.print(f"[bold]{env.id}[/] — {env.title}  (RE-Bench: {env.rebench_id}, version {env.version})")
@@ -140,7 +141,7 @@ def start(
     seed: Annotated[int | None, typer.Option(help="Seed for asset building (default: random).")] = None,
 ) -> None:
     """Set up a run: workspace, protected data, and the (uncharged) scoring of the starting solution."""
-    from openrebench.core import start_run
+    from openrebench.runs import start_run
 
     env = _env(env_id)
     env.tier(tier)
@@ -191,7 +192,7 @@ def log(directory: RunDir = Path(".")) -> None:
 @_user_errors
 def result(directory: RunDir = Path(".")) -> None:
     """Show the run's final raw and normalised score."""
-    from openrebench.core import final_row
+    from openrebench.runs import final_row
 
     run = Run.open(directory)
     env = _env(run.info.env_id)
@@ -215,8 +216,8 @@ def calibrate(
     """Score the starting and reference solutions N times on this machine; save a calibration record."""
     from rich.progress import Progress
 
-    from openrebench.core import calibrate_environment, save_record
-    from openrebench.core._calibration import user_calibration_dir
+    from openrebench.runs import calibrate_environment, save_record
+    from openrebench.runs._calibration import user_calibration_dir
 
     env = _env(env_id)
     env.tier(tier)
@@ -260,7 +261,7 @@ def demo(
     env.tier(tier)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = (directory or Path("runs") / f"demo-{env_id}-{tier}-{stamp}").absolute()
-    from openrebench.core import start_run
+    from openrebench.runs import start_run
 
     with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
         run, row = start_run(env_id, tier, directory)
@@ -295,7 +296,7 @@ def _duration(text: str) -> float:
 def _check_gpus(env_ids: list[str], tier: str) -> None:
     """Fail before Inspect starts when a tier needs more GPUs than the pool attempts lease from
     (OPENREBENCH_GPUS) holds. (A machine without the GPU at all is refused when the task is made.)"""
-    from openrebench.core import visible_gpus
+    from openrebench.isolation import visible_gpus
 
     for env_id in env_ids:
         spec = _env(env_id).tier(tier)
@@ -395,19 +396,19 @@ def eval_(
     from inspect_ai import eval as inspect_eval
     from inspect_ai import eval_set
 
-    from openrebench.environments import ENVIRONMENTS
     from openrebench.harness import (
         AGENTS,
         ISOLATIONS,
-        TASKS,
         check_client,
         check_credentials,
         ended,
+        environment_tasks,
         estimate_run,
         results_caption,
     )
+    from openrebench.runs import environment_classes
 
-    ids = list(ENVIRONMENTS) if env_ids == ["all"] else env_ids
+    ids = list(environment_classes()) if env_ids == ["all"] else env_ids
     for env_id in ids:
         _env(env_id).tier(tier)
     if agent not in AGENTS:
@@ -415,7 +416,7 @@ def eval_(
     if isolation not in ISOLATIONS:
         raise OpenRebenchError(f"unknown isolation '{isolation}' (known: {', '.join(ISOLATIONS)})")
     if isolation == "bwrap":
-        from openrebench.core import bwrap_usable
+        from openrebench.isolation import bwrap_usable
 
         if problem := bwrap_usable():
             raise OpenRebenchError(f"--isolation bwrap: {problem}")
@@ -425,8 +426,9 @@ def eval_(
         check_client(model)
     seconds = _duration(time_limit) if time_limit else None
     # Making the tasks checks their arguments and the machine (nothing is set up yet).
-    tasks = [TASKS[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
-                      isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
+    made = environment_tasks()
+    tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
+                     isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
     _check_gpus(ids, tier)
     if agent == "react" and model is not None:
         estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices)

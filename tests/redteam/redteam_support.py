@@ -8,7 +8,8 @@ import textwrap
 from typing import Any
 
 from kernel_support import KERNEL_PARAMS, kernel_score, score_in_process, small_tier
-from openrebench.core import Run, ScoreResult
+from openrebench.api import ScoreResult
+from openrebench.runs import Run
 
 # Honest code the attacks build on: the exact answer of optimize_kernel.
 EXPECTED = textwrap.dedent("""

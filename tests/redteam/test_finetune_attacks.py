@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from redteam_support import score_in_process, small_tier
 
-from openrebench.core import ScoreResult
+from openrebench.api import ScoreResult
 
 ENV = "optimize_finetune"
 TRAIN = textwrap.dedent("""

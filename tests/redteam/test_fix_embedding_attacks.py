@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from redteam_support import score_in_process
 
-from openrebench.environments import get_environment
 from openrebench.environments.fix_embedding._assets import model_config
+from openrebench.runs import get_environment
 
 ENV = "fix_embedding"
 

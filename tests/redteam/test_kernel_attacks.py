@@ -91,7 +91,7 @@ def test_precompute_from_gc_objects(tmp_path: Path, monkeypatch, honest_ms: floa
 
 FORGED_CHANNEL = EXPECTED + textwrap.dedent("""
     import os, sys, time
-    from openrebench.core._protocol import read_message, write_message
+    from openrebench.api._protocol import read_message, write_message
     from openrebench.environments.optimize_kernel._inputs import Digester
 
     _rd, _wr = int(sys.argv[2]), int(sys.argv[3])
@@ -128,7 +128,7 @@ def test_forged_channel_with_slow_pings(tmp_path: Path, monkeypatch, honest_ms: 
 
 
 GUARD_BYPASS = EXPECTED + SPIN + textwrap.dedent("""
-    from openrebench.core import _guard
+    from openrebench.api import _guard
     from openrebench.environments.optimize_kernel import _inputs
 
     _guard.TamperGuard.check = lambda self: None

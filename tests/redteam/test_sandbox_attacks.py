@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import Run, bwrap_usable, score_run
-from openrebench.environments import get_environment
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+from openrebench.isolation import bwrap_usable
+from openrebench.runs import Run, get_environment, score_run
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason="bubblewrap does not start here")
 SECRET = "held-out-secret-7f3a9c!"
@@ -54,8 +54,8 @@ def sh(box: OpenRebenchSandbox, script: str, timeout: int = 60):
 
 def _ground_truth_values() -> list[str]:
     """Distinctive numbers of scaling_law's hidden ground truth: its optimum's loss, to 3 and 4 places."""
-    from openrebench.environments import get_environment
     from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path
+    from openrebench.runs import get_environment
 
     env = get_environment("scaling_law")
     values = []
@@ -71,7 +71,7 @@ def test_ground_truth_in_installed_metadata_or_docs(box: OpenRebenchSandbox) -> 
     """grep the installed package and its dist-info METADATA (the README) for the hidden optimum loss."""
     import sys
 
-    from openrebench.core._bwrap import package_root
+    from openrebench.isolation._bwrap import package_root
 
     roots = f"{sys.prefix}/lib/python*/site-packages/openrebench*.dist-info {package_root()}/openrebench"
     pattern = " -e ".join(_ground_truth_values())
@@ -85,9 +85,9 @@ def test_permutation_seed_readable_in_env_py(tmp_path: Path) -> None:
     """Invert the workspace model's permutation with the seed env.py shows (as the agent would)."""
     import torch
 
-    from openrebench.environments import get_environment
     from openrebench.environments.fix_embedding._assets import write_permuted
     from openrebench.lm import GPT, GPTConfig, load_model, save_checkpoint
+    from openrebench.runs import get_environment
 
     seed = int(get_environment("fix_embedding").tier("mini").params["reference_permutation_seed"])
     torch.manual_seed(0)

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import Run, score_run
-from openrebench.environments import get_environment
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path
 from openrebench.harness._sandbox import format_log
+from openrebench.runs import Run, get_environment, score_run
 
 ENV = "scaling_law"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.core import OpenRebenchError
-from openrebench.core._scoring import snapshot_workspace
+from openrebench.api import OpenRebenchError
+from openrebench.runs._scoring import snapshot_workspace
 
 ENV = "core"
 SECRET = b"protected-secret-4411"

@@ -23,7 +23,7 @@ from ._estimators import (
     score_at_k,
 )
 from ._headline import analyze_paper, paper_headline
-from ._load import load_logs, load_prices
+from ._load import load_logs
 from ._model import HIDDEN_SCORE_ENVS, REBENCH_TO_OURS, Attempt, Dataset
 from ._over_time import best_so_far, interpolated, score_at
 from ._paper import HUMAN_GROUP, PUBLISHED, load_paper
@@ -32,6 +32,6 @@ __all__ = [
     "HIDDEN_SCORE_ENVS", "HUMAN_GROUP", "PUBLISHED", "REBENCH_TO_OURS", "Allocation", "Analysis", "Attempt",
     "Comparison", "CostPoint", "Dataset", "EnvRow", "Estimate", "GroupSummary", "HeadlineRow", "Settings",
     "TimeCurve", "analyze", "analyze_paper", "best_so_far", "bootstrap_expected_max", "default_budgets",
-    "expected_max", "interpolated", "load_logs", "load_paper", "load_prices", "max_weights", "paper_headline",
+    "expected_max", "interpolated", "load_logs", "load_paper", "max_weights", "paper_headline",
     "prob_best_of_k_beats", "runs_for", "sample_best_of_k", "score_at", "score_at_k",
 ]

@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, computed_field
 
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 from ._budget import default_budgets, fmt_hours, runs_for
 from ._estimators import Array, Estimate, percentile_interval, prob_best_of_k_beats, score_at_k

@@ -6,7 +6,6 @@ skip incomplete samples, and then each skipped sample is listed in the warnings.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from openrebench.core import OpenRebenchError, ScoreRow
+from openrebench.api import OpenRebenchError
+from openrebench.runs import ScoreRow
 
 from ._model import REBENCH_TO_OURS, Attempt, Dataset
 
@@ -211,22 +211,6 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 continue
             data.attempts.append(result)
     return data
-
-
-def load_prices(path: Path) -> dict[str, dict[str, float]]:
-    """Dollars per million tokens by Inspect model name: {"openai/gpt-4o": {"input": 2.5, "output": 10}}."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise OpenRebenchError(f"{path} does not exist") from None
-    except ValueError as e:
-        raise OpenRebenchError(f"{path}: not valid JSON ({_first_line(e)})") from None
-    def ok(v: object) -> bool:
-        return isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
-
-    if not isinstance(raw, dict) or not all(ok(v) for v in raw.values()):
-        raise OpenRebenchError(f"{path}: expected {{model: {{\"input\": $/1M, \"output\": $/1M}}}}")
-    return {str(k): {str(a): float(b) for a, b in v.items()} for k, v in raw.items()}
 
 
 def describe_sources(sources: Iterable[str]) -> str:

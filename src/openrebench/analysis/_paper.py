@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 from ._model import REBENCH_TO_OURS, Attempt, Dataset
 

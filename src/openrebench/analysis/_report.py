@@ -7,7 +7,7 @@ import html
 from datetime import UTC, datetime
 from pathlib import Path
 
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 from ._analysis import Analysis
 from ._figures import FIGURES

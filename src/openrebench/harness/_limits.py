@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 MESSAGES_PER_HOUR = 300
 TOKENS_PER_HOUR = 2_000_000

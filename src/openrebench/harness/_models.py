@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import json
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrebench.core import OpenRebenchError
+from openrebench.api import OpenRebenchError
 
 from ._limits import Limits, fmt_duration, fmt_tokens
 
@@ -220,19 +221,32 @@ class Estimate:
                                    "number of environments")
 
 
+def load_prices(path: Path) -> dict[str, dict[str, float]]:
+    """Dollars per million tokens by Inspect model name: {"openai/gpt-4o": {"input": 2.5, "output": 10}}."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise OpenRebenchError(f"{path} does not exist") from None
+    except ValueError as e:
+        raise OpenRebenchError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+
+    def ok(v: object) -> bool:
+        return isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
+
+    if not isinstance(raw, dict) or not all(ok(v) for v in raw.values()):
+        raise OpenRebenchError(f"{path}: expected {{model: {{\"input\": $/1M, \"output\": $/1M}}}}")
+    return {str(k): {str(a): float(b) for a, b in v.items()} for k, v in raw.items()}
+
+
 def estimate_run(model: str, env_ids: list[str], tier: str, seconds: float | None, epochs: int,
                  message_limit: int | str | None, token_limit: int | str | None,
                  prices_path: Path | None) -> Estimate:
     """The react agent's bound for `openrebench eval`, with the limits `rebench_task` will apply."""
-    from openrebench.environments import get_environment
+    from openrebench.runs import get_environment
 
     from ._limits import agent_limits
 
-    prices = None
-    if prices_path is not None:
-        from openrebench.analysis import load_prices
-
-        prices = load_prices(prices_path)
+    prices = None if prices_path is None else load_prices(prices_path)
     per = [seconds if seconds is not None else get_environment(e).tier(tier).time_limit_hours * 3600
            for e in env_ids]
     price, source = find_price(model, prices)

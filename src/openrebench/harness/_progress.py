@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from openrebench.core import StageUpdate
+from openrebench.api import StageUpdate
 
 CAPTION = "set-up"
 SHOWN_BY = ("full", "conversation", "rich")
@@ -31,7 +31,7 @@ def _inspect_counter(caption: str, value: str) -> None:
 
 
 class InspectProgress:
-    """A progress sink for `openrebench.core.reporting` that shows the latest stage in Inspect's footer
+    """A progress sink for `openrebench.api.reporting` that shows the latest stage in Inspect's footer
     ("set-up: mini corpus › tokenising 12/40"), and what was built once it is done."""
 
     def __init__(self, counter: Callable[[str, str], None] = _inspect_counter) -> None:

@@ -1,5 +1,7 @@
-"""Inspect's entry point: importing this registers openrebench's tasks and sandbox."""
+"""Inspect's entry point: importing this registers openrebench's sandbox and one task per environment."""
 
 from . import use_local_tiktoken_cache  # noqa: F401 - importing the package sets the cache up
 from ._sandbox import OpenRebenchSandbox  # noqa: F401
-from ._task import optimize_kernel  # noqa: F401
+from ._task import environment_tasks
+
+environment_tasks()

@@ -36,23 +36,19 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel
 
-from openrebench.core import (
+from openrebench.api import reporting
+from openrebench.isolation import (
     SANDBOX_UID,
     Bind,
     Cgroup,
     GpuLease,
     Limits,
-    Run,
     SandboxSpec,
-    ScoreRow,
     bwrap_command,
     bwrap_usable,
-    reporting,
-    score_run,
-    start_run,
 )
-from openrebench.core._bwrap import sandbox_path
-from openrebench.environments import get_environment
+from openrebench.isolation._bwrap import sandbox_path
+from openrebench.runs import Run, ScoreRow, get_environment, score_run, start_run
 
 from . import _score_client
 from ._progress import InspectProgress

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,14 @@ from inspect_ai.solver import TaskState
 from inspect_ai.tool import Tool, bash, python, tool
 from inspect_ai.util import sandbox
 
-from openrebench.core import OpenRebenchError, describe_duration, final_row, final_score
-from openrebench.core._hardware import tier_hardware_problem
-from openrebench.environments import ENVIRONMENTS, get_environment
+from openrebench.api import Environment, OpenRebenchError, describe_duration
+from openrebench.runs import (
+    environment_classes,
+    final_row,
+    final_score,
+    get_environment,
+    tier_hardware_problem,
+)
 
 from ._limits import agent_limits, stop_when_idle
 from ._sandbox import OpenRebenchSandbox, SandboxConfig, format_log
@@ -211,51 +217,25 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
     )
 
 
-@task
-def optimize_kernel(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                    runs_dir: str = "runs", isolation: str = "auto",
-                    message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
-    """RE-Bench "Optimize a Kernel" (ai_rd_triton_cumsum)."""
-    return rebench_task("optimize_kernel", tier, agent, time_limit, runs_dir, isolation, message_limit,
-                        token_limit)
+def _environment_task(env: type[Environment]) -> Callable[..., Task]:
+    """The Inspect task of one environment, registered as `openrebench/<id>`: made from the registry,
+    so an environment added as a folder or a plug-in package has its task with no edit here."""
+    env_id = env.id
+
+    def make(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
+             runs_dir: str = "runs", isolation: str = "auto", message_limit: int | str | None = None,
+             token_limit: int | str | None = None) -> Task:
+        return rebench_task(env_id, tier, agent, time_limit, runs_dir, isolation, message_limit, token_limit)
+
+    make.__name__ = make.__qualname__ = env_id
+    make.__doc__ = f'RE-Bench "{env.title}" ({env.rebench_id}).'
+    return task(name=env_id)(make)
 
 
-@task
-def fix_embedding(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                  runs_dir: str = "runs", isolation: str = "auto",
-                  message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
-    """RE-Bench "Fix Embedding" (ai_rd_fix_embedding)."""
-    return rebench_task("fix_embedding", tier, agent, time_limit, runs_dir, isolation, message_limit,
-                        token_limit)
+def environment_tasks() -> dict[str, Callable[..., Task]]:
+    """One Inspect task per registered environment, by id (registered with Inspect on first call)."""
+    return {env_id: _TASKS.setdefault(env_id, _environment_task(cls))
+            for env_id, cls in environment_classes().items()}
 
 
-@task
-def optimize_finetune(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                      runs_dir: str = "runs", isolation: str = "auto",
-                      message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
-    """RE-Bench "Optimize LLM Foundry" (ai_rd_optimize_llm_foundry)."""
-    return rebench_task("optimize_finetune", tier, agent, time_limit, runs_dir, isolation, message_limit,
-                        token_limit)
-
-
-@task
-def restricted_mlm(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                   runs_dir: str = "runs", isolation: str = "auto",
-                   message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
-    """RE-Bench "Restricted Architecture MLM" (ai_rd_restricted_mlm)."""
-    return rebench_task("restricted_mlm", tier, agent, time_limit, runs_dir, isolation, message_limit,
-                        token_limit)
-
-
-@task
-def scaling_law(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
-                runs_dir: str = "runs", isolation: str = "auto",
-                message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
-    """RE-Bench "Scaling Law Experiment" (ai_rd_small_scaling_law)."""
-    return rebench_task("scaling_law", tier, agent, time_limit, runs_dir, isolation, message_limit,
-                        token_limit)
-
-
-TASKS = {"optimize_kernel": optimize_kernel, "fix_embedding": fix_embedding, "restricted_mlm": restricted_mlm,
-         "scaling_law": scaling_law, "optimize_finetune": optimize_finetune}
-assert set(TASKS) == set(ENVIRONMENTS), "every environment needs an Inspect task"
+_TASKS: dict[str, Callable[..., Task]] = {}

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from openrebench.core import OpenRebenchError, stage
-from openrebench.core import cache_dir as default_cache_dir
+from openrebench.api import OpenRebenchError, stage
+from openrebench.api import cache_dir as default_cache_dir
 
 MANIFEST = "manifest.json"
 WORK = "work"

@@ -33,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from openrebench.core import progress_display, stage
+from openrebench.api import progress_display, stage
 
 from ._assets import (
     AssetError,
@@ -416,7 +416,7 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
     warning; `Corpus.kind` says which). `max_documents` builds from a prefix of the documents (quick
     trials); `time_budget_s` stops cleanly between steps (`BuildIncomplete`) and the next call resumes.
     A build reports its steps as progress stages; `progress` shows them on stderr where no progress
-    display is active (`openrebench.core.show_progress`).
+    display is active (`openrebench.api.show_progress`).
     """
     if kind == "auto":
         kind = "openwebtext" if openwebtext_available(dataset) else fallback

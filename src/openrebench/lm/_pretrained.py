@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from openrebench.core import progress_display, stage
+from openrebench.api import progress_display, stage
 
 from ._assets import BuildIncomplete, Deadline, Manifest, OnMismatch, assets_root, cached_build
 from ._checkpoint import load_model, save_checkpoint

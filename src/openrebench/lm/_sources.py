@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from openrebench.core import cache_dir
+from openrebench.api import cache_dir
 
 from ._assets import AssetError, sha256_file
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
-from openrebench.core import progress_display, stage
+from openrebench.api import progress_display, stage
 
 from ._checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, unwrap
 from ._model import GPT

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from openrebench.core import TierSpec
+from openrebench.api import TierSpec
 from openrebench.lm import (
     Corpus,
     GPTConfig,

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
+from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
 
 OUTPUT_DIR = "fixed_model"
 SETTINGS_FILE = "settings.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from openrebench.core import ScoreResult, TierSpec
+from openrebench.api import ScoreResult, TierSpec
 from openrebench.lm import GPT, GPTConfig, evaluate
 
 TIED = "lm_head.weight"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrebench.core import TierSpec, stage
+from openrebench.api import TierSpec, stage
 from openrebench.lm import assets_root, build_corpus, gpt2_tokenizer, gpt2_tokenizer_dir
 from openrebench.lm._assets import Deadline, cached_build
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec
+from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec
 
 OUTPUT_DIR = "trained_model"
 CONFIG = "finetune.yaml"

@@ -37,8 +37,9 @@ from pathlib import Path
 import psutil
 import yaml
 
-from openrebench.core import SANDBOX_UID, Cgroup, ScoreResult, TierSpec
-from openrebench.core._scoring import RUN_CGROUP_ENV
+from openrebench.api import ScoreResult, TierSpec
+from openrebench.isolation import SANDBOX_UID, Cgroup
+from openrebench.runs._scoring import RUN_CGROUP_ENV
 
 from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
 from .env import CONFIG, DATA, OUTPUT_DIR, Setup
@@ -172,7 +173,7 @@ def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | N
     """Run `bash finetune.sh` in `folder`; with `drop`, as the unprivileged sandbox user. With `cgroup`
     (empty), the run is in it: its time ends when no thread is left in the group, whatever became of
     the processes (daemons, zombie leaders with working threads); without, the process tree is walked."""
-    from openrebench.core._bwrap import drop_privileges_prefix
+    from openrebench.isolation._bwrap import drop_privileges_prefix
 
     if cgroup is not None and not cgroup.wait_empty(5):
         raise RuntimeError("the cgroup for the run is not empty")

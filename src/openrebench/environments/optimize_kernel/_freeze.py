@@ -15,7 +15,7 @@ import os
 import signal
 import time
 
-from openrebench.core import SolutionError
+from openrebench.api import SolutionError
 
 _STOPPED = frozenset("tTZXx")
 

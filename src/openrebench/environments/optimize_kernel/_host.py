@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from openrebench.core import HostChannel
+from openrebench.api import HostChannel
 from openrebench.environments.optimize_kernel._buffers import CpuInput, CudaInput, CudaIpcError, export_result
 
 

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import ClassVar
 
-from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec
+from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec
 
 
 class OptimizeKernel(Environment):

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from openrebench.core import SANDBOX_UID, ScoreResult, SolutionError, SolutionProcess, TierSpec
+from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
+from openrebench.isolation import SANDBOX_UID
 
 from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from openrebench.core import TierSpec, stage
+from openrebench.api import TierSpec, stage
 from openrebench.lm import SPLITS, AssetError, build_corpus
 from openrebench.lm._assets import Deadline, Manifest, assets_root, cached_build
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from openrebench.core import HostChannel
+from openrebench.api import HostChannel
 
 from ._graph import RuleViolation, difference, pack_constants, trace
 from ._rules import ALLOWED_SUMMARY

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from openrebench.core import SolutionError
+from openrebench.api import SolutionError
 
 CHUNK = 6 * 1024 * 1024  # raw bytes per message: 8 MiB of base64, well under the channel's 16 MiB limit
 

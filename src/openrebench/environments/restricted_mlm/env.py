@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
+from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
 
 TRAINING_FILE = "training.json"
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from openrebench.core import ScoreResult, SolutionError, SolutionProcess, TierSpec
+from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
 
 from ._graph import Program, RuleViolation, unpack_constants
 from ._rules import ALLOWED_SUMMARY

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from openrebench.core import Environment, OpenRebenchError, TierSpec, stage
+from openrebench.api import Environment, OpenRebenchError, TierSpec, stage
 from openrebench.lm import Corpus, assets_root, build_corpus, compact_corpus
 from openrebench.lm._assets import Deadline, cached_build
 
@@ -118,7 +118,7 @@ def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path
 
 def build(env: Environment, spec: TierSpec, cache_dir: Path | None, *, reference: bool = True) -> Assets:
     """The tier's assets; a missing or stale ground truth stops here, before any training."""
-    from openrebench.core import cache_dir as default_cache_dir
+    from openrebench.api import cache_dir as default_cache_dir
 
     cache = cache_dir or default_cache_dir()
     setup = Setup(**spec.params["setup"])

@@ -23,9 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from openrebench.core import TierSpec, detect_hardware, stage
+from openrebench.api import TierSpec, stage
 from openrebench.lm import Corpus, assets_root
 from openrebench.lm._assets import Deadline, cached_build
+from openrebench.runs import detect_hardware
 
 from .experiment import Result, Setup, run_experiment
 

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.core import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
+from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
 
 ANSWER = "answer.json"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from openrebench.core import ScoreResult, TierSpec
+from openrebench.api import ScoreResult, TierSpec
 
 from ._ground_truth import GroundTruth
 from .experiment import Setup

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from ._environment import Environment, NormConstants
-from ._errors import OpenRebenchError
+from openrebench.api._environment import Environment, NormConstants
+from openrebench.base import OpenRebenchError
+
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._score_log import ScoreRow, make_reserve, read_log
 
@@ -98,6 +99,13 @@ class Run:
                 return cls(candidate, info)
         raise OpenRebenchError(f"{path} is not an openrebench run (no {RUN_FILE} here or above)")
 
+    @property
+    def env(self) -> Environment:
+        """The run's environment, found by id in the registry."""
+        from ._registry import get_environment
+
+        return get_environment(self.info.env_id)
+
     def rows(self) -> tuple[list[ScoreRow], list[str]]:
         return read_log(self.score_log_path)
 
@@ -117,9 +125,7 @@ class Run:
     def describe(self, row: ScoreRow, time_limit_s: float | None = None) -> str:
         """What the agent is told about a scoring: the message, the score where the environment
         shows it, and (for charged rows) the working time used and left."""
-        from openrebench.environments import get_environment
-
-        env = get_environment(self.info.env_id)
+        env = self.env
         lines = [row.message]
         if env.score_visible and row.raw is not None:
             lines.append(f"raw score {row.raw:.4f}, normalised {row.normalised:.3f}")

@@ -40,11 +40,12 @@ def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
 def main() -> None:
     dumpable_off = make_non_dumpable()
     config = json.loads(sys.stdin.read())
-    from ._environment import ScoreResult
+    from openrebench.api._environment import ScoreResult
+
     from ._scoring import READY_TAG, RESULT_TAG
 
     try:
-        from openrebench.environments import get_environment
+        from ._registry import get_environment
 
         env = get_environment(config["env_id"])
         sys.stdout.write(f"\n{READY_TAG} {config['nonce']}\n")

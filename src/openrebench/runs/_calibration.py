@@ -15,10 +15,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ._environment import Environment, NormConstants
-from ._errors import OpenRebenchError
+from openrebench.api._environment import Environment, NormConstants
+from openrebench.base import OpenRebenchError, cache_dir
+
 from ._hardware import Hardware, detect_hardware, model_key
-from ._paths import cache_dir
 
 
 class Stats(BaseModel):

@@ -87,7 +87,7 @@ class SolutionProcess:
         if os.environ.get("OPENREBENCH_SOLUTION_DROP") and os.geteuid() == 0:
             # In the scoring sandbox the scorer is root (to read protected data); the solution's
             # code must not be: it runs as the sandbox uid, without capabilities.
-            from ._bwrap import drop_privileges_prefix
+            from openrebench.isolation._bwrap import drop_privileges_prefix
 
             prefix = drop_privileges_prefix()
         with open(self.log_path, "wb") as log:

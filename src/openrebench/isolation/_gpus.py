@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ._errors import OpenRebenchError
-from ._paths import cache_dir
+from openrebench.base import OpenRebenchError, cache_dir
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 

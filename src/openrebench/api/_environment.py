@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from ._errors import OpenRebenchError
+from openrebench.base import OpenRebenchError
 
 
 def describe_duration(seconds: float) -> str:
@@ -114,7 +114,7 @@ class Environment(ABC):
 
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # noqa: B027 - optional hook
         """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing. A build of more
-        than a few seconds reports its steps with `openrebench.core.stage` (a cached one says nothing)."""
+        than a few seconds reports its steps with `openrebench.api.stage` (a cached one says nothing)."""
 
     def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""

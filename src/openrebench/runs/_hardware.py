@@ -11,7 +11,7 @@ import sys
 
 from pydantic import BaseModel
 
-from ._environment import TierSpec
+from openrebench.api._environment import TierSpec
 
 
 class Hardware(BaseModel):

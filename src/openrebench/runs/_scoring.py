@@ -23,14 +23,24 @@ from typing import Any, Literal
 
 import psutil
 
-from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_command, bwrap_usable, sandbox_path
+from openrebench.api import Environment, ScoreResult
+from openrebench.base import OpenRebenchError
+from openrebench.isolation._bwrap import (
+    SANDBOX_UID,
+    Bind,
+    Limits,
+    SandboxSpec,
+    bwrap_command,
+    bwrap_usable,
+    sandbox_path,
+)
+from openrebench.isolation._cgroup import Cgroup
+from openrebench.isolation._gpus import all_gpu_nodes
+from openrebench.isolation._namespace import pid_namespace_prefix
+
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
-from ._cgroup import Cgroup
-from ._environment import ScoreResult
-from ._errors import OpenRebenchError
-from ._gpus import all_gpu_nodes
-from ._isolation import pid_namespace_prefix
 from ._normalise import normalise
+from ._registry import get_environment
 from ._run import Run, check_new_run_dir
 from ._score_log import ScoreRow, append_row
 
@@ -238,7 +248,7 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
         limits=Limits(max_processes=None if cgroup else 4096))
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
     # shipping openrebench/ or torch/ would replace the scorer's own modules.
-    cmd = bwrap_command([sys.executable, "-P", "-m", "openrebench.core._scorer_main"], spec)
+    cmd = bwrap_command([sys.executable, "-P", "-m", "openrebench.runs._scorer_main"], spec)
     paths = {"solution": f"{SCORE_DIR}/solution", "protected": f"{SCORE_DIR}/protected"}
     return [*(cgroup.enter_prefix() if cgroup else []), *cmd], paths
 
@@ -259,7 +269,7 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
                 run_group = cgroup.child("run")
         cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group)
     else:
-        cmd = [*pid_namespace_prefix(), sys.executable, "-P", "-m", "openrebench.core._scorer_main"]
+        cmd = [*pid_namespace_prefix(), sys.executable, "-P", "-m", "openrebench.runs._scorer_main"]
         paths = {"solution": str(solution), "protected": str(protected)}
     config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
     try:
@@ -372,9 +382,7 @@ def _protected_problem(run: Run) -> str | None:
 
 def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
                     devices: Sequence[str] | None) -> tuple[ScoreResult, str, list[str]]:
-    from openrebench.environments import get_environment
-
-    env = get_environment(run.info.env_id)
+    env = run.env
     tier = env.tier(run.info.tier)
     with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-", ignore_cleanup_errors=True) as tmp:
         snapshot = Path(tmp) / "solution"
@@ -438,19 +446,17 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
     return row
 
 
-def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None, score_start: bool = True,
-              sandboxed: bool | None = None,
+def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None = None,
+              score_start: bool = True, sandboxed: bool | None = None,
               devices: Sequence[str] | None = None) -> tuple[Run, ScoreRow | None]:
     """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution
     (skipped with `score_start=False`, for calibration and tests).
 
     Everything up to the scoring is built in a hidden folder beside `path` and renamed into place
     when complete, so a failed or interrupted set-up leaves no half-made run behind."""
-    from openrebench.environments import get_environment
+    from openrebench.base import cache_dir
 
-    from ._paths import cache_dir
-
-    env = get_environment(env_id)
+    env = get_environment(env)
     path = Path(path).expanduser().absolute()
     check_new_run_dir(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -475,19 +481,17 @@ def start_run(env_id: str, tier: str, path: Path, *, seed: int | None = None, sc
     return run, row
 
 
-def calibrate_environment(env_id: str, tier: str, repeats: int, *, command: str,
+def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, command: str,
                           on_progress: ProgressFn | None = None) -> CalibrationRecord:
     """Score the starting and the reference solutions `repeats` times each, in throw-away runs."""
-    from openrebench.environments import get_environment
-
-    env = get_environment(env_id)
+    env = get_environment(env)
     env.tier(tier)
     with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
         runs: dict[str, Run] = {}
 
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
-                run, _ = start_run(env_id, tier, Path(tmp) / which, score_start=False)
+                run, _ = start_run(env, tier, Path(tmp) / which, score_start=False)
                 (env.install_reference if which == "reference" else env.install_starting)(run.workspace, tier)
                 runs[which] = run
             row = score_run(runs[which], kind="calibration", charged=False)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._environment import Direction, NormConstants
+from openrebench.api._environment import Direction, NormConstants
+
 from ._score_log import ScoreRow
 
 

@@ -1,0 +1,33 @@
+"""What an environment author writes against: the Environment class and its tiers, score results, the
+solution-process protocol, the tamper guard, progress reports of long builds, the asset cache.
+
+The bottom layer: it imports nothing else of openrebench, so an environment (built in or a
+third-party package) depends on this and on nothing that could change under it.
+"""
+
+from openrebench.base import OpenRebenchError, cache_dir
+
+from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec, describe_duration
+from ._guard import TamperGuard
+from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
+from ._protocol import HostChannel, SolutionError, SolutionProcess
+
+__all__ = [
+    "Direction",
+    "Environment",
+    "HostChannel",
+    "NormConstants",
+    "OpenRebenchError",
+    "ScoreResult",
+    "SolutionError",
+    "SolutionProcess",
+    "StageUpdate",
+    "TamperGuard",
+    "TierSpec",
+    "cache_dir",
+    "describe_duration",
+    "progress_display",
+    "reporting",
+    "show_progress",
+    "stage",
+]

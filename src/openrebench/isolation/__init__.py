@@ -1,0 +1,20 @@
+"""Keeping processes apart: bubblewrap sandboxes, cgroups (memory, processes, CPU, freezing), GPU
+leases and PID namespaces. Used by the runs layer (the scorer's sandbox) and by the harness (the
+agent's sandbox); knows nothing of environments or runs."""
+
+from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_binary, bwrap_command, bwrap_usable
+from ._cgroup import Cgroup
+from ._gpus import GpuLease, visible_gpus
+
+__all__ = [
+    "SANDBOX_UID",
+    "Bind",
+    "Cgroup",
+    "GpuLease",
+    "Limits",
+    "SandboxSpec",
+    "bwrap_binary",
+    "bwrap_command",
+    "bwrap_usable",
+    "visible_gpus",
+]

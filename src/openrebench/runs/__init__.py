@@ -1,0 +1,41 @@
+"""Runs: the run directory, the score log, scoring in a separate limited process, normalisation,
+calibration and the registry of environments. Functions here take Environment objects or resolve
+ids through the registry; nothing imports an environment by name."""
+
+from ._calibration import CalibrationRecord, Stats, calibrate, constants_for, find_record, save_record
+from ._hardware import Hardware, detect_hardware, tier_hardware_problem
+from ._normalise import final_row, final_score, normalise
+from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
+from ._run import Run, RunInfo
+from ._score_log import ScoreRow, append_row, read_log
+from ._scoring import calibrate_environment, run_scorer, score_run, snapshot_workspace, start_run
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CalibrationRecord",
+    "Hardware",
+    "Run",
+    "RunInfo",
+    "ScoreRow",
+    "Stats",
+    "append_row",
+    "calibrate",
+    "calibrate_environment",
+    "constants_for",
+    "detect_hardware",
+    "environment_classes",
+    "environment_ids",
+    "final_row",
+    "final_score",
+    "find_record",
+    "get_environment",
+    "normalise",
+    "read_log",
+    "refresh",
+    "run_scorer",
+    "save_record",
+    "score_run",
+    "snapshot_workspace",
+    "start_run",
+    "tier_hardware_problem",
+]
