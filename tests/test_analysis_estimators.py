@@ -113,11 +113,11 @@ def test_budgets_and_splits() -> None:
 
 def test_best_so_far_and_log_linear_interpolation() -> None:
     traj = [(0.0, 0.0), (0.1, 0.4), (0.2, None), (0.4, 0.2), (1.0, 0.8)]
-    assert best_so_far(traj, hidden=False) == [(0.0, 0.0), (0.0, 0.0), (0.1, 0.4), (0.4, 0.4), (1.0, 0.8)]
-    assert best_so_far(traj, hidden=True)[-2:] == [(0.4, 0.2), (1.0, 0.8)]
-    assert score_at(traj, 0.5, hidden=False) == 0.4 and score_at(traj, 0.05, hidden=False) == 0.0
+    assert best_so_far(traj, last=False) == [(0.0, 0.0), (0.0, 0.0), (0.1, 0.4), (0.4, 0.4), (1.0, 0.8)]
+    assert best_so_far(traj, last=True)[-2:] == [(0.4, 0.2), (1.0, 0.8)]
+    assert score_at(traj, 0.5, last=False) == 0.4 and score_at(traj, 0.05, last=False) == 0.0
     grid = np.array([0.01, 0.1, np.sqrt(0.4), 1.0, 2.0])
-    got = interpolated(traj, grid, hidden=False)
+    got = interpolated(traj, grid, last=False)
     # from (0.01, 0) to (0.1, 0.4) in log time; flat to 0.4 h; halfway in log time from 0.4 h to 1 h
     assert got == pytest.approx([0.0, 0.4, 0.6, 0.8, 0.8])
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from inspect_ai.log import EvalError, EvalLog
 
 from analysis_helpers import REAL_LOG, runs_log, write_variant
-from openrebench.analysis import load_logs, load_paper
-from openrebench.api import OpenRebenchError
+from openrebench.analysis import RELEASE_ONLY_ENVIRONMENTS, analyze, load_logs, load_paper
+from openrebench.analysis._environments import facts_of
+from openrebench.api import Direction, OpenRebenchError
 from openrebench.harness import load_prices
+from openrebench.runs import environment_classes
 
 
 def test_real_log_gives_one_attempt_with_its_score_log() -> None:
@@ -228,3 +231,47 @@ def test_paper_data_rows_as_documented() -> None:
     assert any("1 readme_only, 7 suspected_placeholder" in n for n in data.notes)
     assert any("4 agent runs have no normalised score" in n for n in data.notes)
     assert len([a for a in load_paper("likely71").attempts if a.is_human]) == 50
+
+
+def test_paper_environments_come_from_the_registry_and_the_release() -> None:
+    facts = load_paper().env_facts
+    for env_id, cls in environment_classes().items():
+        if env_id in facts:  # a built-in RE-Bench environment: its own class says
+            assert facts[env_id] == facts_of(cls)
+    assert {f.env_id for f in RELEASE_ONLY_ENVIRONMENTS} == {"chat_rl", "rust_codecontests"}
+    assert facts["chat_rl"].source.startswith("the paper's release")
+    assert [e for e, f in facts.items() if not f.score_visible] == ["scaling_law"]
+
+
+def _gone(logged: dict[str, object]) -> Callable[[EvalLog], None]:
+    """The real log as if written for `gone_env`, a plug-in since uninstalled, recording `logged`."""
+
+    def edit(log: EvalLog) -> None:
+        log.eval.metadata = {**(log.eval.metadata or {}), "env_id": "gone_env", **logged}
+        for sample in log.samples or []:
+            sample.metadata = {**(sample.metadata or {}), "env_id": "gone_env"}
+            score = sample.scores["run_score"]  # type: ignore[index]
+            score.metadata["fingerprint"] = {**score.metadata["fingerprint"], "env_id": "gone_env"}  # type: ignore[index]
+
+    return edit
+
+
+def test_a_log_of_an_environment_no_longer_installed_loads_with_a_note(tmp_path: Path) -> None:
+    data = load_logs([write_variant(tmp_path / "a.eval", _gone({}))])
+    assert [a.env_id for a in data.attempts] == ["gone_env"] and not data.warnings
+    assert data.env_facts["gone_env"].score_visible and data.env_facts["gone_env"].direction is None
+    assert any(n.startswith("gone_env is not a registered environment") and "taken as visible" in n
+               for n in data.notes)
+    assert analyze(data, boots=10, sims=10).settings.hidden_score == []
+
+
+def test_what_a_log_records_of_its_environment_is_used_when_it_is_not_installed(tmp_path: Path) -> None:
+    logged = {"score_visible": False, "direction": "last", "rebench_id": None}
+    data = load_logs([write_variant(tmp_path / "a.eval", _gone(logged))])
+    facts = data.env_facts["gone_env"]
+    assert (facts.score_visible, facts.direction, facts.source) == (False, Direction.LAST, "its log (a.eval)")
+    assert any("read as its log (a.eval) says (score hidden, direction last)" in n for n in data.notes)
+    assert analyze(data, boots=10, sims=10).settings.hidden_score == ["gone_env"]
+    # A registered environment's own attributes win over what its log says.
+    data = load_logs([write_variant(tmp_path / "b.eval", lambda log: log.eval.metadata.update(logged))])  # type: ignore[union-attr]
+    assert data.env_facts["optimize_kernel"].score_visible and not data.notes

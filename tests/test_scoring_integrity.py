@@ -236,6 +236,20 @@ def test_the_scorer_process_always_answers_without_the_exception_text(tmp_path: 
     assert result["details"]["scorer_non_dumpable"] is True
 
 
+def test_an_environment_the_scorer_process_cannot_load_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    """A plug-in the scorer process does not find (not visible in its sandbox, say) is never blamed on
+    the solution."""
+    config = {"env_id": "not_installed", "tier": "mini", "nonce": "n1", "solution": str(tmp_path),
+              "protected": str(tmp_path / "protected")}
+    out = subprocess.run([sys.executable, "-m", "openrebench.runs._scorer_main"], input=json.dumps(config),
+                         capture_output=True, text=True, timeout=120)
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("OPENREBENCH-RESULT n1 ")]
+    result = json.loads(line.split(" ", 2)[2])
+    assert result["raw"] is None and result["details"]["infrastructure"] is True
+    assert "cannot load the environment 'not_installed'" in result["message"]
+    assert "unknown environment 'not_installed'" in result["details"]["error"]
+
+
 def test_failure_messages_name_missing_protected_files_as_infrastructure() -> None:
     message, infra = failure_message(FileNotFoundError(2, "No such file", "/score/protected/heldout.bin"),
                                      "/score/protected")

@@ -13,6 +13,7 @@ from ._analysis import (
     analyze,
 )
 from ._budget import default_budgets, runs_for
+from ._environments import registered_facts
 from ._estimators import (
     Estimate,
     bootstrap_expected_max,
@@ -24,14 +25,15 @@ from ._estimators import (
 )
 from ._headline import analyze_paper, paper_headline
 from ._load import load_logs
-from ._model import HIDDEN_SCORE_ENVS, REBENCH_TO_OURS, Attempt, Dataset
+from ._model import Attempt, Dataset, EnvFacts
 from ._over_time import best_so_far, interpolated, score_at
-from ._paper import HUMAN_GROUP, PUBLISHED, load_paper
+from ._paper import HUMAN_GROUP, PUBLISHED, RELEASE_ONLY_ENVIRONMENTS, by_rebench_id, load_paper
 
 __all__ = [
-    "HIDDEN_SCORE_ENVS", "HUMAN_GROUP", "PUBLISHED", "REBENCH_TO_OURS", "Allocation", "Analysis", "Attempt",
-    "Comparison", "CostPoint", "Dataset", "EnvRow", "Estimate", "GroupSummary", "HeadlineRow", "Settings",
-    "TimeCurve", "analyze", "analyze_paper", "best_so_far", "bootstrap_expected_max", "default_budgets",
-    "expected_max", "interpolated", "load_logs", "load_paper", "max_weights", "paper_headline",
-    "prob_best_of_k_beats", "runs_for", "sample_best_of_k", "score_at", "score_at_k",
+    "HUMAN_GROUP", "PUBLISHED", "RELEASE_ONLY_ENVIRONMENTS", "Allocation", "Analysis", "Attempt",
+    "Comparison", "CostPoint", "Dataset", "EnvFacts", "EnvRow", "Estimate", "GroupSummary", "HeadlineRow",
+    "Settings", "TimeCurve", "analyze", "analyze_paper", "best_so_far", "bootstrap_expected_max",
+    "by_rebench_id", "default_budgets", "expected_max", "interpolated", "load_logs", "load_paper",
+    "max_weights", "paper_headline", "prob_best_of_k_beats", "registered_facts", "runs_for",
+    "sample_best_of_k", "score_at", "score_at_k",
 ]

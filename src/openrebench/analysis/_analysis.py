@@ -13,8 +13,9 @@ from pydantic import BaseModel, Field, computed_field
 from openrebench.api import OpenRebenchError
 
 from ._budget import default_budgets, fmt_hours, runs_for
+from ._environments import facts_for
 from ._estimators import Array, Estimate, percentile_interval, prob_best_of_k_beats, score_at_k
-from ._model import HIDDEN_SCORE_ENVS, Attempt, Dataset
+from ._model import Attempt, Dataset, EnvFacts
 from ._over_time import interpolated, score_at, time_grid
 
 HEADLINE_BUDGETS = (2.0, 8.0, 32.0)
@@ -22,6 +23,8 @@ HEADLINE_BUDGETS = (2.0, 8.0, 32.0)
 
 class Settings(BaseModel):
     environments: list[str]
+    hidden_score: list[str] = Field(default_factory=list, description="Environments of the analysis whose "
+                                    "score the agent cannot see (best of k takes a random run).")
     budgets_h: list[float]
     boots: int = Field(description="Bootstrap resamples for the confidence intervals.")
     sims: int = Field(description="Draws of k runs for the paper's sampling estimate.")
@@ -166,6 +169,8 @@ class _Engine:
     def __init__(self, data: Dataset, environments: Sequence[str], budgets: Sequence[float], *, boots: int,
                  sims: int, seed: int, level: float) -> None:
         self.envs = list(environments)
+        self.facts: dict[str, EnvFacts] = facts_for(self.envs, data.env_facts)
+        self.hidden = frozenset(e for e, f in self.facts.items() if not f.score_visible)
         self.budgets = list(budgets)
         self.boots, self.sims, self.seed, self.level = boots, sims, seed, level
         self.by_group: dict[str, list[Attempt]] = defaultdict(list)
@@ -173,6 +178,10 @@ class _Engine:
             if a.env_id in self.envs:
                 self.by_group[a.group].append(a)
         self.replicates: dict[tuple[str, float], Array] = {}
+
+    def last(self, env: str) -> bool:
+        """Whether a run's score at a time is its last valid scoring so far (else its best so far)."""
+        return self.facts[env].last_counts
 
     def cell(self, group: str, env: str, length: float) -> list[Attempt]:
         return [a for a in self.by_group[group] if a.env_id == env and a.length_h == length]
@@ -200,12 +209,12 @@ class _Engine:
                     method: Literal["best_of_k", "reached_at_budget"] = "best_of_k"
                 elif is_human and budget < length and all(a.trajectory for c in cells.values() for a in c):
                     k = 1
-                    per_env = {env: np.array([score_at(a.trajectory or [], budget, env in HIDDEN_SCORE_ENVS)
+                    per_env = {env: np.array([score_at(a.trajectory or [], budget, self.last(env))
                                               for a in c]) for env, c in cells.items()}
                     method = "reached_at_budget"
                 else:
                     continue
-                est, reps = score_at_k(per_env, k, HIDDEN_SCORE_ENVS, sims=self.sims, boots=self.boots,
+                est, reps = score_at_k(per_env, k, self.hidden, sims=self.sims, boots=self.boots,
                                        seed=self._seed(group, budget, length), level=self.level)
                 alloc = Allocation(group=group, budget_h=budget, length_h=length, k=k, method=method,
                                    estimate=est, min_runs=min(len(c) for c in cells.values()))
@@ -227,7 +236,7 @@ class _Engine:
             if humans.size == 0:
                 return None
             runs = np.array([a.score for a in self.cell(agent, env, alloc.length_h)])
-            values.append(prob_best_of_k_beats(runs, 1 if env in HIDDEN_SCORE_ENVS else alloc.k, humans))
+            values.append(prob_best_of_k_beats(runs, 1 if env in self.hidden else alloc.k, humans))
         return 100 * float(np.mean(values))
 
     def ratio_ci(self, num: tuple[str, float], den: tuple[str, float]) -> tuple[float, float] | None:
@@ -250,8 +259,7 @@ class _Engine:
             mean = np.zeros(len(grid))
             reps = np.zeros((self.boots, len(grid)))
             for env, runs in cells.items():
-                hidden = env in HIDDEN_SCORE_ENVS
-                m = np.array([interpolated(a.trajectory or [], grid, hidden) for a in runs])
+                m = np.array([interpolated(a.trajectory or [], grid, self.last(env)) for a in runs])
                 mean += m.mean(axis=0)
                 reps += m[rng.integers(0, len(m), size=(self.boots, len(m)))].mean(axis=1)
             mean /= len(cells)
@@ -358,7 +366,8 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
     allocations.sort(key=lambda a: (order[a.group], a.budget_h, a.length_h))
     comparisons = _comparisons(engine, groups, allocations)
     return Analysis(
-        settings=Settings(environments=envs, budgets_h=budget_list, boots=boots, sims=sims, level=level,
+        settings=Settings(environments=envs, hidden_score=sorted(engine.hidden), budgets_h=budget_list,
+                          boots=boots, sims=sims, level=level,
                           seed=seed),
         sources=data.sources, warnings=warnings, notes=list(data.notes), groups=groups,
         allocations=allocations,

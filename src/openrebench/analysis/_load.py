@@ -16,7 +16,9 @@ from pydantic import ValidationError
 from openrebench.api import OpenRebenchError
 from openrebench.runs import ScoreRow
 
-from ._model import REBENCH_TO_OURS, Attempt, Dataset
+from ._environments import registered_facts
+from ._model import Attempt, Dataset, EnvFacts
+from ._paper import RELEASE_ONLY_ENVIRONMENTS, by_rebench_id
 
 SCORER = "run_score"
 LOG_SUFFIXES = (".eval", ".json")
@@ -106,7 +108,8 @@ def _trajectory(rows: list[ScoreRow]) -> list[tuple[float, float | None]]:
 
 
 def _attempt(log: Any, sample: Any, where: str, length_h: float,
-             prices: Mapping[str, Mapping[str, float]] | None, warnings: list[str]) -> Attempt | str:
+             prices: Mapping[str, Mapping[str, float]] | None, warnings: list[str],
+             rebench_ids: Mapping[str, EnvFacts]) -> Attempt | str:
     """The sample as an attempt, or the reason it is incomplete (no score)."""
     score = (sample.scores or {}).get(SCORER)
     if score is None:
@@ -143,7 +146,8 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float,
         warnings.append(f"{where}: {w}")
     task_meta = log.eval.metadata or {}
     env_id = (sample.metadata or {}).get("env_id") or task_meta["env_id"]
-    env_id = REBENCH_TO_OURS.get(env_id, env_id)
+    if env_id in rebench_ids:  # a RE-Bench task id: ours, so that the paper's runs and ours meet
+        env_id = rebench_ids[env_id].env_id
     if fingerprint.get("env_id") not in (None, env_id):
         raise OpenRebenchError(f"{where}: the sample is for {env_id} but its run fingerprint says "
                                f"{fingerprint.get('env_id')}")
@@ -160,6 +164,42 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float,
         hours_used=hours_used, source=f"{where}")
 
 
+def _logged_facts(log: Any, path: Path) -> EnvFacts | None:
+    """What a log says of its environment (recorded since the registry took over the analysis), so that
+    the log of a plug-in no longer installed is still read as its environment was."""
+    meta = log.eval.metadata or {}
+    if "score_visible" not in meta:
+        return None
+    try:
+        return EnvFacts(env_id=meta["env_id"], rebench_id=meta.get("rebench_id"),
+                        score_visible=meta["score_visible"], direction=meta.get("direction"),
+                        source=f"its log ({path.name})")
+    except ValidationError:
+        return None
+
+
+def _environment_facts(data: Dataset, logged: Mapping[str, EnvFacts]) -> None:
+    """Facts for every environment with attempts: the registered environment's own, else what its log
+    recorded, else (for an id of the paper's release) the release's, else the defaults; each environment
+    the registry does not know gets a note saying which."""
+    registered = registered_facts()
+    release = {f.env_id: f for f in RELEASE_ONLY_ENVIRONMENTS}
+    for env in data.environments():
+        if env in registered:
+            data.env_facts[env] = registered[env]
+            continue
+        facts = logged.get(env) or release.get(env)
+        if facts is None:
+            facts = EnvFacts(env_id=env, source="defaults")
+            how = ("its logs do not say whether the agent saw its score: taken as visible (best of k), with "
+                   "a run's best score so far counting")
+        else:
+            seen = "visible" if facts.score_visible else "hidden"
+            how = f"read as {facts.source} says (score {seen}, direction {facts.direction or 'unknown'})"
+        data.env_facts[env] = facts
+        data.notes.append(f"{env} is not a registered environment (a plug-in no longer installed?); {how}")
+
+
 def _read(path: Path) -> Any:
     from inspect_ai.log import read_eval_log
 
@@ -174,6 +214,8 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
     """All openrebench samples in the given Inspect logs (files or directories)."""
     data = Dataset()
     seen: set[tuple[str, str, int]] = set()
+    rebench_ids = by_rebench_id()
+    logged: dict[str, EnvFacts] = {}
     for path in log_files(paths):
         log = _read(path)
         data.sources.append(str(path))
@@ -187,6 +229,8 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                                        "to leave it out")
             data.warnings.append(f"{path.name}: left out, no samples ({reason})")
             continue
+        if (facts := _logged_facts(log, path)) is not None:
+            logged.setdefault(facts.env_id, facts)
         length_h = _time_limit_h(log)
         if isinstance(length_h, str):
             if not skip_incomplete:
@@ -202,7 +246,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 data.warnings.append(f"{where}: the same sample was given twice; counted once")
                 continue
             seen.add(key)
-            result = _attempt(log, sample, where, length_h, prices, data.warnings)
+            result = _attempt(log, sample, where, length_h, prices, data.warnings, rebench_ids)
             if isinstance(result, str):
                 if not skip_incomplete:
                     raise OpenRebenchError(f"{where}: {result}; pass --skip-incomplete to leave such samples "
@@ -210,6 +254,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 data.warnings.append(f"{where}: left out: {result}")
                 continue
             data.attempts.append(result)
+    _environment_facts(data, logged)
     return data
 
 

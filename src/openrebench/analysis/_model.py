@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-# RE-Bench task ids and ours (DESIGN.md), so that the paper's runs and ours meet on one environment id.
-REBENCH_TO_OURS: dict[str, str] = {
-    "ai_rd_triton_cumsum": "optimize_kernel",
-    "ai_rd_optimize_llm_foundry": "optimize_finetune",
-    "ai_rd_fix_embedding": "fix_embedding",
-    "ai_rd_small_scaling_law": "scaling_law",
-    "ai_rd_restricted_mlm": "restricted_mlm",
-    "ai_rd_nanogpt_chat_rl": "chat_rl",
-    "ai_rd_rust_codecontests_inference": "rust_codecontests",
-}
+from openrebench.api import Direction
 
-# Environments whose score the agent cannot see: best-of-k picks a random run, not the best one
-# (nobody could pick the best), and the score at a time is the last valid submission so far.
-HIDDEN_SCORE_ENVS: frozenset[str] = frozenset({"scaling_law"})
+
+class EnvFacts(BaseModel):
+    """What the analysis must know of one environment, and where it learnt it: from the registered
+    environment's own class, from the paper's release (environments not implemented here), or from the
+    log of an environment that is no longer installed."""
+
+    env_id: str = Field(description="openrebench environment id.")
+    rebench_id: str | None = Field(default=None, description="RE-Bench task id, where there is one.")
+    score_visible: bool = Field(
+        default=True, description="Whether the agent sees its score. Where not, best-of-k takes a random "
+                                  "run of the k, not the best one (nobody could have picked the best).")
+    direction: Direction | None = Field(
+        default=None, description="Which valid scoring is a run's score: `last` makes a run's score at a "
+                                  "time the last valid one so far, else the best so far.")
+    source: str = Field(description="Where these facts come from.")
+
+    @property
+    def last_counts(self) -> bool:
+        return self.direction is Direction.LAST
 
 
 class Attempt(BaseModel):
@@ -46,10 +53,14 @@ class Dataset(BaseModel):
     sources: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list, description="Problems in the input, each one line.")
     notes: list[str] = Field(default_factory=list, description="Caveats of the data (not errors).")
+    env_facts: dict[str, EnvFacts] = Field(
+        default_factory=dict, description="What the loader learnt of the attempts' environments, by id "
+                                          "(the analysis asks the registry for any not here).")
 
     def __add__(self, other: Dataset) -> Dataset:
         return Dataset(attempts=self.attempts + other.attempts, sources=self.sources + other.sources,
-                       warnings=self.warnings + other.warnings, notes=self.notes + other.notes)
+                       warnings=self.warnings + other.warnings, notes=self.notes + other.notes,
+                       env_facts={**other.env_facts, **self.env_facts})
 
     def environments(self) -> list[str]:
         return sorted({a.env_id for a in self.attempts})

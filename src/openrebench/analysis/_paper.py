@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel
 
-from openrebench.api import OpenRebenchError
+from openrebench.api import Direction, OpenRebenchError
 
-from ._model import REBENCH_TO_OURS, Attempt, Dataset
+from ._environments import registered_facts
+from ._model import Attempt, Dataset, EnvFacts
 
 HUMAN_GROUP = "Human experts (paper)"
 PAPER_TIER = "paper"
@@ -20,6 +22,20 @@ HUMAN_ATTEMPT_HOURS = 8.0
 PAPER_MAIN_AGENTS: tuple[str, ...] = ("Claude 3.5 Sonnet (New)", "o1-preview")
 
 HumanRows = Literal["real", "likely71"]
+
+_RELEASE = "the paper's release (not implemented here)"
+# The release covers seven RE-Bench environments; everything the analysis needs of the five that
+# openrebench implements comes from their registered classes. These are the other two, as facts of
+# the release: our id for each, and that, as in every RE-Bench environment but the scaling-law one,
+# the agent sees its score and a run's best valid score counts (both are higher-is-better: a win rate
+# and a share of problems solved). A registered environment with the same RE-Bench id replaces its
+# entry here: its own attributes win.
+RELEASE_ONLY_ENVIRONMENTS: tuple[EnvFacts, ...] = (
+    EnvFacts(env_id="chat_rl", rebench_id="ai_rd_nanogpt_chat_rl", score_visible=True,
+             direction=Direction.MAX, source=_RELEASE),
+    EnvFacts(env_id="rust_codecontests", rebench_id="ai_rd_rust_codecontests_inference", score_visible=True,
+             direction=Direction.MAX, source=_RELEASE),
+)
 
 
 class Published(BaseModel):
@@ -70,11 +86,32 @@ def _read_csv(name: str) -> list[dict[str, str]]:
                                "reinstall openrebench") from None
 
 
-def _env(task_id: str, where: str) -> str:
-    try:
-        return REBENCH_TO_OURS[task_id]
-    except KeyError:
-        raise OpenRebenchError(f"{where}: unknown RE-Bench task '{task_id}'") from None
+def by_rebench_id() -> dict[str, EnvFacts]:
+    """Environments by RE-Bench id, so that the paper's runs and ours meet on one environment id: the
+    registered environments (the first by id where several share a RE-Bench id), then the release's
+    own facts for the environments not registered."""
+    found: dict[str, EnvFacts] = {}
+    for facts in registered_facts().values():
+        if facts.rebench_id:
+            found.setdefault(facts.rebench_id, facts)
+    for facts in RELEASE_ONLY_ENVIRONMENTS:
+        found.setdefault(facts.rebench_id or facts.env_id, facts)
+    return found
+
+
+def _environment_of(data: Dataset) -> Callable[[str, str], str]:
+    """Our id for a row's RE-Bench task id (its facts go into `data`), else a one-line error."""
+    known = by_rebench_id()
+
+    def env(task_id: str, where: str) -> str:
+        try:
+            facts = known[task_id]
+        except KeyError:
+            raise OpenRebenchError(f"{where}: unknown RE-Bench task '{task_id}'") from None
+        data.env_facts.setdefault(facts.env_id, facts)
+        return facts.env_id
+
+    return env
 
 
 def load_paper(human_rows: HumanRows = "real") -> Dataset:
@@ -82,6 +119,7 @@ def load_paper(human_rows: HumanRows = "real") -> Dataset:
     paper's 71 attempts), and every agent run (a run with no valid score counts 0)."""
     data = Dataset(sources=["RE-Bench paper data (METR/eval-analysis-public@3a947ac, packaged copy)"])
     humans = _read_csv("human_baselines.csv")
+    _env = _environment_of(data)
     left_out: dict[str, int] = {}
     long_runs: list[float] = []
     for i, row in enumerate(humans, 2):

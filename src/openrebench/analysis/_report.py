@@ -43,7 +43,7 @@ METHODS = """
 <ul>
 <li><b>score@k</b>: for each environment, the expected best of k runs drawn with replacement from a
 group's runs of one length, averaged over environments. For environments whose score the agent cannot
-see (scaling_law), a random one of the k counts instead of the best. The paper estimates this by
+see ({hidden}), a random one of the k counts instead of the best. The paper estimates this by
 sampling; we report the exact value from order statistics,
 E[max] = Σ x<sub>(i)</sub>[(i/n)<sup>k</sup> − ((i−1)/n)<sup>k</sup>],
 and also the sampling estimate, and list where they part.</li>
@@ -52,7 +52,8 @@ score@k recomputed exactly.</li>
 <li><b>Time budgets</b>: a total budget T is spent as k runs of length L with k·L = T; each group gets
 its best split at each T. Humans make 8-hour attempts (k = T/8); below 8 hours they count the score
 their attempts had reached by then, which needs score logs.</li>
-<li><b>Score over time</b>: each run's best-so-far score, interpolated linearly in log time between
+<li><b>Score over time</b>: each run's best-so-far score (the last so far where a run's last valid
+scoring counts), interpolated linearly in log time between
 scorings, averaged over runs and then over environments.</li>
 <li><b>Against humans</b>: agent/human ratio of score@k at the same budget, and the chance that an
 agent's best of k beats a random human attempt in the same environment (ties count half), averaged
@@ -95,7 +96,8 @@ def render_report(a: Analysis, title: str = "openrebench analysis") -> str:
         parts.append(f"<figure id='fig-{key}'><img alt='{html.escape(caption)}' "
                      f"src='data:image/png;base64,{data}'><figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append("<h2>Tables</h2>" + "".join(_table_html(t) for t in tables.values()))
-    parts.append("<h2>Methods</h2>" + METHODS)
+    hidden = ", ".join(a.settings.hidden_score) or "none in this analysis"
+    parts.append("<h2>Methods</h2>" + METHODS.replace("{hidden}", html.escape(hidden)))
     if a.warnings or a.notes:
         parts.append("<h2>Warnings and caveats</h2><ul>"
                      + "".join(f"<li class='warn'>{html.escape(w)}</li>" for w in a.warnings)

@@ -1,7 +1,8 @@
 """The bottom layer, shared by all others: the error type that every layer raises for a one-line
-message, and where built assets are cached."""
+message, where built assets are cached, and the entry-point group of environment plug-ins."""
 
 from ._errors import OpenRebenchError
 from ._paths import cache_dir
+from ._plugins import ENVIRONMENT_ENTRY_POINT_GROUP
 
-__all__ = ["OpenRebenchError", "cache_dir"]
+__all__ = ["ENVIRONMENT_ENTRY_POINT_GROUP", "OpenRebenchError", "cache_dir"]

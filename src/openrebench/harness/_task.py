@@ -213,7 +213,10 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
         message_limit=limits.messages,
         token_limit=limits.tokens,
         name=env_id,
-        metadata={"env_id": env_id, "tier": tier, "agent": agent, **limits.metadata()},
+        # What the analysis needs of the environment, so that its logs still read right once it is no
+        # longer installed (a plug-in removed).
+        metadata={"env_id": env_id, "tier": tier, "agent": agent, "rebench_id": env.rebench_id,
+                  "score_visible": env.score_visible, "direction": str(env.direction), **limits.metadata()},
     )
 
 

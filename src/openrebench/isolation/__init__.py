@@ -2,7 +2,19 @@
 leases and PID namespaces. Used by the runs layer (the scorer's sandbox) and by the harness (the
 agent's sandbox); knows nothing of environments or runs."""
 
-from ._bwrap import SANDBOX_UID, Bind, Limits, SandboxSpec, bwrap_binary, bwrap_command, bwrap_usable
+from ._bwrap import (
+    SANDBOX_UID,
+    Bind,
+    Limits,
+    PluginCode,
+    SandboxSpec,
+    bwrap_binary,
+    bwrap_command,
+    bwrap_usable,
+    forget_plugins,
+    plugin_code,
+    plugin_folders,
+)
 from ._cgroup import Cgroup
 from ._gpus import GpuLease, visible_gpus
 
@@ -12,9 +24,13 @@ __all__ = [
     "Cgroup",
     "GpuLease",
     "Limits",
+    "PluginCode",
     "SandboxSpec",
     "bwrap_binary",
     "bwrap_command",
     "bwrap_usable",
+    "forget_plugins",
+    "plugin_code",
+    "plugin_folders",
     "visible_gpus",
 ]

@@ -5,19 +5,26 @@ unprivileged uid (so it cannot read root-only files even where they are mounted)
 ordinary user, it uses a user namespace and the command keeps that user's rights. Every sandbox
 sees the system and the Python installation read-only, a fresh /proc and /dev, no network unless
 asked, and nothing of the package's reference solutions or calibration records; the caller adds its
-own binds.
+own binds. Installed environment plug-ins follow the package's rules: their reference and calibration
+folders are never visible, and a sandbox that imports environments (the scorer's) sees the code of
+those outside the Python installation read-only as well.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP
 
 SANDBOX_UID = 65534
 
@@ -59,6 +66,9 @@ class SandboxSpec:
     limits: Limits = Limits()
     drop_privileges: bool = True  # as root: run the command as SANDBOX_UID with no capabilities
     new_session: bool = True  # off for interactive shells, which need the terminal
+    # Make the environment plug-ins installed outside the Python installation importable (read-only,
+    # under PLUGIN_ROOT, named in PYTHONPATH): for the scorer's sandbox, which imports environments.
+    plugins: bool = False
 
 
 @functools.cache
@@ -103,11 +113,84 @@ def package_root() -> Path:
 
 
 HIDDEN_ENVIRONMENT_DIRS = ("reference", "calibration")
+PLUGIN_ROOT = "/run/openrebench-plugins"
+
+
+@dataclass(frozen=True)
+class PluginCode:
+    """Where one installed environment plug-in's code lies."""
+
+    packages: tuple[Path, ...]  # its top-level package's folders (or its module file)
+    metadata: Path | None  # its *.dist-info or *.egg-info folder (it declares the entry point)
+
+
+def _under(path: Path, roots: Sequence[str]) -> bool:
+    return any(str(path) == r or str(path).startswith(r + "/") for r in roots)
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _metadata_dir(ep: importlib.metadata.EntryPoint) -> Path | None:
+    """The plug-in's metadata folder; None where it lies in the Python installation (every sandbox
+    sees that) or cannot be told."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None
+    where = Path(str(dist.locate_file(""))).resolve()  # the folder that holds its metadata folder
+    if _under(where, python_roots()):
+        return None
+    name = _normal(dist.metadata["Name"] or "")
+    for candidate in sorted([*where.glob("*.dist-info"), *where.glob("*.egg-info")]):
+        stem = candidate.name.removesuffix(".dist-info").removesuffix(".egg-info").split("-")[0]
+        if (_normal(stem) == name and candidate.is_dir()
+                and _normal(importlib.metadata.Distribution.at(candidate).metadata["Name"] or "") == name):
+            return candidate
+    return None
+
+
+@functools.cache
+def _plugin_code(search_path: tuple[str, ...]) -> tuple[PluginCode, ...]:
+    found = []
+    for ep in importlib.metadata.entry_points(group=ENVIRONMENT_ENTRY_POINT_GROUP):
+        try:  # a top-level name: the finders locate it without running any of it
+            spec = importlib.util.find_spec(ep.module.split(".")[0])
+        except Exception:  # a broken finder or name: the registry reports the plug-in, not this
+            continue
+        if spec is None:
+            continue
+        packages = [Path(p) for p in spec.submodule_search_locations or []]
+        if not packages and spec.origin and os.path.isfile(spec.origin):
+            packages = [Path(spec.origin)]
+        if packages:
+            found.append(PluginCode(tuple(p.resolve() for p in packages), _metadata_dir(ep)))
+    return tuple(found)
+
+
+def plugin_code() -> tuple[PluginCode, ...]:
+    """Every installed environment plug-in, from its entry point's metadata and the import system's
+    finders: nothing of a plug-in runs here. Kept per import path (`forget_plugins` after installing one
+    where the path was searched already)."""
+    return _plugin_code(tuple(sys.path))
+
+
+def forget_plugins() -> None:
+    _plugin_code.cache_clear()
+
+
+def _hidden_in(package: Path) -> list[Path]:
+    """A plug-in's folders that no sandbox may read: any reference/ or calibration/ in its package (an
+    environment's root may lie anywhere in it)."""
+    if not package.is_dir():
+        return []
+    return sorted(p for name in HIDDEN_ENVIRONMENT_DIRS for p in package.rglob(name) if p.is_dir())
 
 
 def hidden_package_dirs() -> list[str]:
     """What the package holds that no sandbox may read, masked with an empty tmpfs: each environment's
-    reference solution (and its ground truths) and its calibration records (the reference's results)."""
+    reference solution (and its ground truths) and its calibration records (the reference's results),
+    those of installed plug-ins included."""
     import openrebench
 
     root = Path(openrebench.__file__).resolve().parent
@@ -115,7 +198,44 @@ def hidden_package_dirs() -> list[str]:
     # An editable install's build metadata sits beside the package (src/openrebench.egg-info); one
     # left by an older install can still embed the old long description (the README).
     hidden += root.parent.glob("*.egg-info")
-    return sorted(str(p) for p in hidden if p.is_dir())
+    hidden += [p for code in plugin_code() for package in code.packages for p in _hidden_in(package)]
+    return sorted({str(p) for p in hidden if p.is_dir()})
+
+
+def plugin_folders() -> list[str]:
+    """The host folders holding plug-ins' packages or metadata outside the Python installation: what a
+    process started without this one's import path (a scorer) must have on PYTHONPATH to find them."""
+    roots = python_roots()
+    folders = [str(host.parent) for code in plugin_code() for host in (*code.packages, code.metadata)
+               if host is not None and not _under(host, roots)]
+    return list(dict.fromkeys(folders))
+
+
+def plugin_mounts(visible: Sequence[str]) -> tuple[list[str], list[str]]:
+    """bwrap arguments that show the plug-ins outside the folders already `visible` (the Python
+    installation and the package) read-only under PLUGIN_ROOT, one folder per folder of the host that
+    holds them, and those folders for PYTHONPATH. Only each plug-in's package and metadata are shown,
+    not what lies beside them; its hidden folders are masked; PLUGIN_ROOT itself is read-only, so that
+    nothing can be added to the import path."""
+    slots: dict[str, str] = {}
+    binds: list[str] = []
+    masks: list[str] = []
+    for code in plugin_code():
+        for host in (*code.packages, code.metadata):
+            if host is None or _under(host, visible):
+                continue
+            if str(host.parent) not in slots:
+                slots[str(host.parent)] = f"{PLUGIN_ROOT}/{len(slots)}"
+                binds += ["--perms", "0755", "--dir", slots[str(host.parent)]]
+            dest = f"{slots[str(host.parent)]}/{host.name}"
+            binds += ["--ro-bind", str(host), dest]
+            masks += [f"{dest}/{hidden.relative_to(host)}" for hidden in _hidden_in(host)]
+    if not binds:
+        return [], []
+    args = ["--tmpfs", PLUGIN_ROOT, *binds]
+    for mask in masks:
+        args += ["--tmpfs", mask]
+    return [*args, "--remount-ro", PLUGIN_ROOT], list(slots.values())
 
 
 def _traversable_parents(path: str) -> list[str]:
@@ -165,12 +285,18 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
     for hidden in hidden_package_dirs():
         if any(hidden.startswith(r + "/") for r in ro_roots):
             args += ["--tmpfs", hidden]
+    env = dict(spec.env)
+    if spec.plugins:
+        mounts, entries = plugin_mounts(ro_roots)
+        args += mounts
+        if entries:
+            env["PYTHONPATH"] = ":".join([*entries, *filter(None, [env.get("PYTHONPATH")])])
     if spec.devices:
         args += ["--ro-bind", "/sys", "/sys"]
     for dev in spec.devices:
         args += ["--dev-bind", dev, dev]
     args.append("--clearenv")
-    for key, value in spec.env.items():
+    for key, value in env.items():
         args += ["--setenv", key, value]
     args += ["--chdir", spec.cwd, "--", *spec.limits.prefix()]
     if privileged and spec.drop_privileges:

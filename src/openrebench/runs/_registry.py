@@ -16,9 +16,10 @@ import re
 import warnings
 
 from openrebench.api import Environment
-from openrebench.base import OpenRebenchError
+from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP, OpenRebenchError
+from openrebench.isolation import forget_plugins
 
-ENTRY_POINT_GROUP = "openrebench.environments"
+ENTRY_POINT_GROUP = ENVIRONMENT_ENTRY_POINT_GROUP
 BUILTIN_PACKAGE = "openrebench.environments"
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")  # an Inspect task name and a folder name alike
 
@@ -98,3 +99,4 @@ def get_environment(env: str | Environment) -> Environment:
 def refresh() -> None:
     """Forget what was found (after installing a plug-in in a running process, as tests do)."""
     _registry.cache_clear()
+    forget_plugins()

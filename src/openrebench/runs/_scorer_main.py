@@ -12,6 +12,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 PR_SET_DUMPABLE = 4
 
@@ -37,17 +38,12 @@ def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
             "details are in the run's score log."), False
 
 
-def main() -> None:
-    dumpable_off = make_non_dumpable()
-    config = json.loads(sys.stdin.read())
+def _score(env: Any, config: dict[str, str]) -> Any:
     from openrebench.api._environment import ScoreResult
 
-    from ._scoring import READY_TAG, RESULT_TAG
+    from ._scoring import READY_TAG
 
     try:
-        from ._registry import get_environment
-
-        env = get_environment(config["env_id"])
         sys.stdout.write(f"\n{READY_TAG} {config['nonce']}\n")
         sys.stdout.flush()
         result = env.score(config["tier"], Path(config["solution"]), Path(config["protected"]))
@@ -56,6 +52,27 @@ def main() -> None:
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: there is always one result line
         message, infrastructure = failure_message(e, str(config.get("protected", "")))
         result = ScoreResult.invalid(message, infrastructure=infrastructure, traceback=traceback.format_exc())
+    return result
+
+
+def main() -> None:
+    dumpable_off = make_non_dumpable()
+    config = json.loads(sys.stdin.read())
+    from openrebench.api._environment import ScoreResult
+
+    from ._scoring import RESULT_TAG
+
+    try:
+        from ._registry import get_environment
+
+        env = get_environment(config["env_id"])
+    except Exception as e:  # an environment (a plug-in) this process cannot load: never the solution's fault
+        result = ScoreResult.invalid(
+            f"Invalid: infrastructure failure (the scorer process cannot load the environment "
+            f"'{config['env_id']}'), not caused by your solution; the details are in the run's score log.",
+            infrastructure=True, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+    else:
+        result = _score(env, config)
     result.details["scorer_non_dumpable"] = dumpable_off
     try:
         line = result.model_dump_json()

@@ -32,6 +32,7 @@ from openrebench.isolation._bwrap import (
     SandboxSpec,
     bwrap_command,
     bwrap_usable,
+    plugin_folders,
     sandbox_path,
 )
 from openrebench.isolation._cgroup import Cgroup
@@ -244,7 +245,7 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
     spec = SandboxSpec(
         binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
                Bind(protected, f"{SCORE_DIR}/protected"), *group_binds],
-        cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False,
+        cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False, plugins=True,
         limits=Limits(max_processes=None if cgroup else 4096))
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
     # shipping openrebench/ or torch/ would replace the scorer's own modules.
@@ -273,17 +274,30 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
         paths = {"solution": str(solution), "protected": str(protected)}
     config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
     try:
-        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup)
+        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup,
+                      env=None if sandboxed else _scorer_env())
     finally:
         if cgroup is not None:
             cgroup.close()
 
 
+def _scorer_env() -> dict[str, str] | None:
+    """The unsandboxed scorer's environment: this process's, with the folders of the plug-ins it found
+    on PYTHONPATH, so that the scorer knows the same environments even where they were put on this
+    process's import path at run time. None (inherit) where nothing is missing."""
+    current = os.environ.get("PYTHONPATH", "")
+    missing = [f for f in plugin_folders() if f not in current.split(os.pathsep)]
+    if not missing:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*missing, *filter(None, [current])])}
+
+
 def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit: float,
-           memory_limit_gb: float, timeout_s: float, cgroup: Cgroup | None) -> ScoreResult:
+           memory_limit_gb: float, timeout_s: float, cgroup: Cgroup | None,
+           env: dict[str, str] | None = None) -> ScoreResult:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                start_new_session=True, cwd=cwd)
+                                start_new_session=True, cwd=cwd, env=env)
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(config).encode())
         proc.stdin.close()
