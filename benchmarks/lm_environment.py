@@ -2,13 +2,14 @@
 
 1. Asset build: every asset the tier needs (corpus, trained models, the environment's own), with
    the seconds each took and the losses the builders recorded in their manifests.
-2. The real scoring pipeline (`openrebench calibrate`): the starting and the reference solutions
-   each scored `--repeats` times; the calibration record goes to `--record-dir`.
+2. The real scoring pipeline (what `openrebench calibrate` runs): the starting and the reference
+   solutions each scored `--repeats` times.
 
-Prints a table and writes everything as JSON to `--out`.
+Prints a table and writes everything as JSON to `--out`, the calibration record included. It writes no
+record anywhere else: the one the package ships is written by `openrebench calibrate ENV --tier T
+--repeats 2 --ship`.
 
     python benchmarks/lm_environment.py fix_embedding --tier mini --repeats 2 \
-        --record-dir src/openrebench/environments/fix_embedding/calibration \
         --out benchmarks/results/fix_embedding_mini_xeon.json
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from openrebench.api import cache_dir
 from openrebench.lm import assets_root, load_manifest
-from openrebench.runs import calibrate_environment, detect_hardware, get_environment, save_record
+from openrebench.runs import calibrate_environment, detect_hardware, get_environment
 
 
 def main() -> None:
@@ -31,7 +32,6 @@ def main() -> None:
     parser.add_argument("env_id")
     parser.add_argument("--tier", default="mini")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--record-dir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     env = get_environment(args.env_id)
@@ -54,8 +54,6 @@ def main() -> None:
     print(f"{'':<12}{'n':>4}{'median':>10}{'sd':>10}")
     for which, stats in (("start", record.start), ("reference", record.reference)):
         print(f"{which:<12}{len(stats.values):>4}{stats.median:>10.4f}{stats.sd:>10.4f}")
-    if args.record_dir:
-        print(f"record: {save_record(record, args.record_dir)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": command, "env_id": env.id, "tier": args.tier, "hardware": detect_hardware().model_dump(),

@@ -15,11 +15,12 @@ Prints as it goes and rewrites the JSON at `--out` after every step (a run stopp
 measured). Times and L1 distances are reported for invalid scorings too, so a tolerance that is too
 tight for a machine shows by how much.
 
+The calibration record goes into the JSON only; the one the package ships is written by
+`openrebench calibrate optimize_finetune --tier T --ship`.
+
     .venv/bin/python benchmarks/optimize_finetune.py --tier mini --repeats 5 --noise --cheats \\
-        --record-dir src/openrebench/environments/optimize_finetune/calibration \\
         --out benchmarks/results/optimize_finetune_mini_xeon.json
     python benchmarks/optimize_finetune.py --tier full --repeats 1 --cheats --budget-s 370 \\
-        --record-dir src/openrebench/environments/optimize_finetune/calibration \\
         --out benchmarks/results/optimize_finetune_full_h200.json
 """
 
@@ -42,7 +43,7 @@ from openrebench.environments.optimize_finetune._cheats import install_cheat
 from openrebench.environments.optimize_finetune._weights import Weights, distances
 from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
 from openrebench.environments.optimize_finetune.scorer import prepare_inputs, run_pipeline, set_seed
-from openrebench.runs import calibrate, detect_hardware, get_environment, save_record, score_run, start_run
+from openrebench.runs import calibrate, detect_hardware, get_environment, score_run, start_run
 
 
 class Results:
@@ -111,7 +112,6 @@ def main() -> None:
     parser.add_argument("--cheats", action="store_true", help="score the known cheats")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="skip the cheats that would not finish within this many seconds of the start")
-    parser.add_argument("--record-dir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     env = get_environment("optimize_finetune")
@@ -151,8 +151,6 @@ def main() -> None:
             print(f"no calibration record: {e}")
         else:
             results.put("calibration", record.model_dump(mode="json"))
-            if args.record_dir:
-                print(f"record: {save_record(record, args.record_dir)}")
 
         if args.cheats:
             cheats: dict[str, Any] = {}

@@ -2,8 +2,9 @@
 
 Three measurements, one run:
 1. The real scoring pipeline (what `openrebench calibrate` runs): the starting and the reference
-   solutions each scored `--repeats` times; mean, median and CV of the raw score ln(ms); the
-   calibration record is written to `--record-dir` (the package's calibration folder ships it).
+   solutions each scored `--repeats` times; mean, median and CV of the raw score ln(ms). The record
+   goes into the JSON only: the one the package ships is written by `openrebench calibrate
+   optimize_kernel --tier T --repeats N --ship`.
 2. A direct timing of both kernels in this process at the tier's length (median of `--calls`
    calls after warm-up; CUDA events on GPU): milliseconds, effective bandwidth for the 8 bytes per
    element that must move (4 read, 4 written), and the speed-up of the reference over the start.
@@ -40,7 +41,6 @@ from typing import Any
 
 import torch
 
-from openrebench.environments.optimize_kernel._inputs import expected_output, make_input
 from openrebench.runs import (
     Run,
     calibrate,
@@ -48,7 +48,6 @@ from openrebench.runs import (
     detect_hardware,
     get_environment,
     normalise,
-    save_record,
     score_run,
     start_run,
 )
@@ -60,6 +59,20 @@ def load(path: Path, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def make_input(n: int, device: torch.device, seed: int = 1234) -> torch.Tensor:
+    """Uniform integers in [-10, 11), int32: the kind of input the scorer times."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(-10, 11, (n,), generator=gen, device=device, dtype=torch.int32)
+
+
+def expected_output(x: torch.Tensor) -> torch.Tensor:
+    """Y_i = sum_{j<=i} x_j * [(#k<j with x_k > 0) mod 2], in int64 cast to int32 (the task's definition;
+    the scorer checks every solution against its own copy)."""
+    odd_before = torch.zeros_like(x, dtype=torch.int64)
+    odd_before[1:] = (x[:-1] > 0).to(torch.int64).cumsum(0) % 2
+    return (x.to(torch.int64) * odd_before).cumsum(0).to(torch.int32)
 
 
 def time_kernel(fn, x: torch.Tensor, calls: int, warmup: int = 3) -> list[float]:
@@ -134,7 +147,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="scorings of each solution")
     parser.add_argument("--calls", type=int, default=50, help="direct timing calls per kernel")
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
-    parser.add_argument("--record-dir", type=Path, help="also write the calibration record here")
     parser.add_argument("--loads", default="", help="busy-loop process counts to score under, e.g. 1,2")
     parser.add_argument("--load-repeats", type=int, default=5, help="scorings of each solution per load")
     args = parser.parse_args()
@@ -147,7 +159,7 @@ def main() -> None:
         sys.exit("the full tier needs a CUDA GPU")
 
     direct = {}
-    x = make_input({"n": n, "low": -10, "high": 11, "seed": 1234}, device)
+    x = make_input(n, device)
     want = expected_output(x)
     for which, folder in (("start", "starting"), ("reference", "reference")):
         fn = load(env.root / folder / "solution.py", f"bench_{which}").prefix_sum
@@ -177,8 +189,6 @@ def main() -> None:
 
         record = calibrate(env, args.tier, args.repeats, score_once=score_once, command=command)
         scoring_s = time.perf_counter() - t0
-        if args.record_dir:
-            print(f"calibration record: {save_record(record, args.record_dir)}")
         for busy_count in [int(v) for v in args.loads.split(",") if v]:
             with busy(busy_count):
                 for _ in range(args.load_repeats):

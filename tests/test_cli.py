@@ -116,9 +116,23 @@ def test_calibrate_writes_a_record_that_new_runs_use(tmp_path: Path) -> None:
 
 
 def test_the_log_table_shows_each_message_s_first_clause() -> None:
-    from openrebench.cli import _first_clause
+    from openrebench.cli._common import first_clause
 
     message = "Valid: correct on 8 inputs; median 7.9 ms over 20 calls"
-    assert _first_clause(message) == "Valid: correct on 8 inputs …"
-    assert _first_clause("Invalid: wrong output\ndetails") == "Invalid: wrong output"
-    assert len(_first_clause("x" * 500)) == 120 and _first_clause("") == ""
+    assert first_clause(message) == "Valid: correct on 8 inputs …"
+    assert first_clause("Invalid: wrong output\ndetails") == "Invalid: wrong output"
+    assert len(first_clause("x" * 500)) == 120 and first_clause("") == ""
+
+
+def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import openrebench.harness
+
+    monkeypatch.setattr(openrebench.harness, "AGENTS", (*openrebench.harness.AGENTS, "toy_agent"))
+    monkeypatch.setattr(openrebench.harness, "ISOLATIONS", (*openrebench.harness.ISOLATIONS, "toy_box"))
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out = invoke("eval", "--help")
+    assert code == 0, out
+    assert "oracle (no model), react, human or toy_agent." in out
+    assert ("auto (bwrap where it starts, else local with a warning), bwrap, local (no isolation), or "
+            "toy_box.") in out

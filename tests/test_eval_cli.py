@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 
 from analysis_helpers import real_log
 from openrebench.api import OpenRebenchError, describe_duration
-from openrebench.cli import _duration, _exit_code, _failures, app
+from openrebench.cli import app
+from openrebench.cli._common import duration
+from openrebench.cli._eval import _exit_code, _failures
 from openrebench.harness import TaskArgError, environment_tasks
 from openrebench.harness._task import system_prompt
 from openrebench.runs import get_environment
@@ -39,10 +41,10 @@ def test_time_limits_outside_a_minute_to_a_week_are_refused_in_one_line(tmp_path
 
 
 def test_durations_take_units_and_the_range_ends() -> None:
-    assert [_duration(x) for x in ("60", "60s", "30m", "1.5h", "2h", "7d", " 90m ")] == \
+    assert [duration(x) for x in ("60", "60s", "30m", "1.5h", "2h", "7d", " 90m ")] == \
         [60, 60, 1800, 5400, 7200, 604800, 5400]
     with pytest.raises(OpenRebenchError, match=re.escape("bad --time-limit 'soon' (use e.g. 90s, 30m, 2h")):
-        _duration("soon")
+        duration("soon")
 
 
 def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(

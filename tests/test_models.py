@@ -92,9 +92,9 @@ def server() -> Iterator[str]:
 
 @pytest.fixture
 def local_model(server: str, monkeypatch: pytest.MonkeyPatch) -> type[_Chat]:
-    from openrebench import cli
+    from openrebench.cli import _common
 
-    monkeypatch.setattr(cli.console, "width", 250)  # the whole results table on one line per row
+    monkeypatch.setattr(_common.console, "width", 250)  # the whole results table on one line per row
     monkeypatch.setenv("LOCAL_BASE_URL", server)
     monkeypatch.setenv("LOCAL_API_KEY", "unused")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")

@@ -196,7 +196,8 @@ def test_a_missing_or_stale_ground_truth_is_one_clear_line(tmp_path: Path,
     full = ENV.tier("full")
     with pytest.raises(OpenRebenchError) as e:
         _assets.load_ground_truth(ENV, full, Setup(**full.params["setup"]), data=None)  # type: ignore[arg-type]
-    assert "no ground truth yet" in str(e.value) and "scaling_law_sweep.py --tier full" in str(e.value)
+    assert "no ground truth yet" in str(e.value)
+    assert "`openrebench build scaling_law --tier full --ship`" in str(e.value)
     assert "\n" not in str(e.value)
     (tmp_path / "reference").mkdir()
     ground_truth_path(tmp_path, "mini").write_text(TRUTH.model_dump_json())

@@ -7,7 +7,15 @@ third-party package) depends on this and on nothing that could change under it.
 
 from openrebench.base import OpenRebenchError, cache_dir
 
-from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec, describe_duration
+from ._environment import (
+    Direction,
+    Environment,
+    NormConstants,
+    ScoreResult,
+    ShippedData,
+    TierSpec,
+    describe_duration,
+)
 from ._guard import TamperGuard
 from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
 from ._protocol import HostChannel, SolutionError, SolutionProcess
@@ -19,6 +27,7 @@ __all__ = [
     "NormConstants",
     "OpenRebenchError",
     "ScoreResult",
+    "ShippedData",
     "SolutionError",
     "SolutionProcess",
     "StageUpdate",

@@ -70,6 +70,16 @@ class ScoreResult(BaseModel):
         return cls(raw=None, message=message, details=details)
 
 
+class ShippedData(BaseModel):
+    """What `Environment.build_shipped` wrote, and what the person who built it should read."""
+
+    files: list[Path] = Field(description="The files written, each under the out_dir the hook was given.")
+    lines: list[str] = Field(default_factory=list, description="What was computed and anything to check, "
+                                                               "one finding a line.")
+    summary: dict[str, Any] = Field(default_factory=dict, description="The findings as JSON-able data, for "
+                                                                     "benchmarks to record.")
+
+
 class Environment(ABC):
     """One RE-Bench environment: a small class plus the files in its folder.
 
@@ -115,6 +125,33 @@ class Environment(ABC):
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # noqa: B027 - optional hook
         """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing. A build of more
         than a few seconds reports its steps with `openrebench.api.stage` (a cached one says nothing)."""
+
+    @property
+    def builds_shipped_data(self) -> bool:
+        """Whether this environment implements `build_shipped` (`openrebench build` refuses it otherwise)."""
+        return type(self).build_shipped is not Environment.build_shipped
+
+    def build_shipped(self, tier: str, out_dir: Path, cache_dir: Path, *, command: str) -> ShippedData:
+        """Compute data the environment ships for `tier` that nobody writes by hand (scaling_law's ground
+        truth, a sweep of training runs) into `out_dir`, laid out as the environment's own folder
+        (`out_dir/reference/x.json` ships as `reference/x.json`). Optional: most environments ship only
+        hand-written files and calibration records, which `openrebench calibrate ENV --ship` writes.
+
+        When: from `openrebench build ENV --tier T` (with `--ship`, `out_dir` is `self.root`) on the tier's
+        hardware, and from benchmarks that time it (into a throw-away folder); never while a run is set up
+        or scored, which only read what was shipped.
+
+        MUST: write only under `out_dir` and the asset cache `cache_dir`; be resumable, since a build may
+        take hours (cache each expensive step in `cache_dir`, as `build_assets` does); replace each file
+        whole once its content is computed, so that an interruption leaves a shipped file as it was; record
+        `command` (what asked for the build) and the machine in what it writes; return the files written.
+
+        MAY: report its steps with `openrebench.api.stage`; leave a file unchanged when the new result
+        equals it (it keeps the record of the run that made it); check the result (for example score the
+        starting and reference solutions against it) and report that in `lines` and `summary`.
+        """
+        raise OpenRebenchError(f"{self.id} ships no built data (it does not implement "
+                               "Environment.build_shipped)")
 
     def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""

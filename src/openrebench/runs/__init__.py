@@ -2,7 +2,16 @@
 calibration and the registry of environments. Functions here take Environment objects or resolve
 ids through the registry; nothing imports an environment by name."""
 
-from ._calibration import CalibrationRecord, Stats, calibrate, constants_for, find_record, save_record
+from ._calibration import (
+    CalibrationRecord,
+    Stats,
+    calibrate,
+    constants_for,
+    find_record,
+    save_record,
+    shipped_calibration_dir,
+    user_calibration_dir,
+)
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._normalise import final_row, final_score, normalise
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
@@ -35,7 +44,9 @@ __all__ = [
     "run_scorer",
     "save_record",
     "score_run",
+    "shipped_calibration_dir",
     "snapshot_workspace",
     "start_run",
     "tier_hardware_problem",
+    "user_calibration_dir",
 ]

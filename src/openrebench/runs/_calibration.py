@@ -69,10 +69,12 @@ def record_filename(tier: str, hardware_key: str) -> str:
 
 
 def user_calibration_dir(env_id: str) -> Path:
+    """This user's records, found first: `openrebench calibrate` always writes one here."""
     return cache_dir() / "calibration" / env_id
 
 
 def shipped_calibration_dir(env: Environment) -> Path:
+    """The records the package ships with the environment (`openrebench calibrate --ship` writes them)."""
     return env.root / "calibration"
 
 

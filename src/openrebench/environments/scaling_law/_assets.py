@@ -23,7 +23,7 @@ from .experiment import Setup, run_experiment
 
 BUILDER_VERSION = "1"
 HERE = Path(__file__).parent
-SWEEP_COMMAND = "python benchmarks/scaling_law_sweep.py --tier {tier}"
+SWEEP_COMMAND = "openrebench build scaling_law --tier {tier} --ship"
 
 
 @dataclass(frozen=True)

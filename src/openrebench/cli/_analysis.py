@@ -10,6 +10,8 @@ from rich.table import Table
 
 from openrebench.api import OpenRebenchError
 
+from ._common import console, err, user_errors
+
 if TYPE_CHECKING:
     from openrebench.analysis import Analysis
 
@@ -91,8 +93,6 @@ def _rich(spec) -> Table:  # type: ignore[no-untyped-def]
 
 def _print_headline(spec) -> None:  # type: ignore[no-untyped-def]
     """The headline with its long notes as numbered footnotes, so it reads in an 80-column terminal."""
-    from openrebench.cli import console
-
     note = spec.columns.index("note")
     table = Table(title=spec.title, show_lines=True)
     for col in ("quantity", "ours (95% CI)", "paper", ""):
@@ -108,59 +108,54 @@ def _print_headline(spec) -> None:  # type: ignore[no-untyped-def]
     console.print(f"  {spec.caption}", highlight=False, markup=False)
 
 
-def add_analysis_commands(app: typer.Typer) -> None:
-    """Register `analyze` and `report` on the CLI app."""
-    from openrebench.cli import _user_errors, console, err
+@user_errors
+def analyze(
+    paths: Paths = None, paper: PaperOpt = False, env: EnvOpt = None, budgets: BudgetsOpt = None,
+    max_budget: MaxBudgetOpt = 32.0, boots: BootsOpt = 1000, sims: SimsOpt = 2000, seed: SeedOpt = 0,
+    skip_incomplete: SkipOpt = False, prices: PricesOpt = None, human_rows: HumansOpt = "real",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the analysis as JSON.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Also print every run cell and split.")] = False,
+) -> None:
+    """score@k over total time budgets, per environment, against humans and cost, as tables."""
+    from openrebench.analysis._tables import all_tables
 
-    @app.command()
-    @_user_errors
-    def analyze(
-        paths: Paths = None, paper: PaperOpt = False, env: EnvOpt = None, budgets: BudgetsOpt = None,
-        max_budget: MaxBudgetOpt = 32.0, boots: BootsOpt = 1000, sims: SimsOpt = 2000, seed: SeedOpt = 0,
-        skip_incomplete: SkipOpt = False, prices: PricesOpt = None, human_rows: HumansOpt = "real",
-        as_json: Annotated[bool, typer.Option("--json", help="Print the analysis as JSON.")] = False,
-        full: Annotated[bool, typer.Option("--full", help="Also print every run cell and split.")] = False,
-    ) -> None:
-        """score@k over total time budgets, per environment, against humans and cost, as tables."""
-        from openrebench.analysis._tables import all_tables
+    with err.status("Analysing…"):
+        result = build_analysis(paths or [], paper, env, budgets, max_budget, boots, sims, seed,
+                                skip_incomplete, prices, human_rows)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    console.print(f"[bold]Sources:[/] {', '.join(result.sources)}", highlight=False)
+    console.print(f"[bold]Environments:[/] {', '.join(result.settings.environments)}", highlight=False)
+    for spec in all_tables(result, full=full):
+        if spec.key == "headline":
+            _print_headline(spec)
+        else:
+            console.print(_rich(spec))
+    for w in result.warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for n in result.notes:
+        console.print(f"[dim]note: {n}[/]", highlight=False)
 
-        with err.status("Analysing…"):
-            result = build_analysis(paths or [], paper, env, budgets, max_budget, boots, sims, seed,
-                                    skip_incomplete, prices, human_rows)
-        if as_json:
-            typer.echo(result.model_dump_json(indent=2))
-            return
-        console.print(f"[bold]Sources:[/] {', '.join(result.sources)}", highlight=False)
-        console.print(f"[bold]Environments:[/] {', '.join(result.settings.environments)}", highlight=False)
-        for spec in all_tables(result, full=full):
-            if spec.key == "headline":
-                _print_headline(spec)
-            else:
-                console.print(_rich(spec))
-        for w in result.warnings:
-            err.print(f"[yellow]warning:[/] {w}", highlight=False)
-        for n in result.notes:
-            console.print(f"[dim]note: {n}[/]", highlight=False)
 
-    @app.command()
-    @_user_errors
-    def report(
-        paths: Paths = None, paper: PaperOpt = False,
-        out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
-        title: Annotated[str, typer.Option(help="Page title.")] = "openrebench analysis",
-        env: EnvOpt = None, budgets: BudgetsOpt = None, max_budget: MaxBudgetOpt = 32.0,
-        boots: BootsOpt = 1000, sims: SimsOpt = 2000, seed: SeedOpt = 0, skip_incomplete: SkipOpt = False,
-        prices: PricesOpt = None,
-        human_rows: HumansOpt = "real",
-    ) -> None:
-        """One self-contained HTML page with the figures and tables (open it in any browser)."""
-        from openrebench.analysis._report import write_report
+@user_errors
+def report(
+    paths: Paths = None, paper: PaperOpt = False,
+    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
+    title: Annotated[str, typer.Option(help="Page title.")] = "openrebench analysis",
+    env: EnvOpt = None, budgets: BudgetsOpt = None, max_budget: MaxBudgetOpt = 32.0,
+    boots: BootsOpt = 1000, sims: SimsOpt = 2000, seed: SeedOpt = 0, skip_incomplete: SkipOpt = False,
+    prices: PricesOpt = None,
+    human_rows: HumansOpt = "real",
+) -> None:
+    """One self-contained HTML page with the figures and tables (open it in any browser)."""
+    from openrebench.analysis._report import write_report
 
-        with err.status("Analysing and drawing…"):
-            result = build_analysis(paths or [], paper, env, budgets, max_budget, boots, sims, seed,
-                                    skip_incomplete, prices, human_rows)
-            path = write_report(result, out, title)
-        for w in result.warnings:
-            err.print(f"[yellow]warning:[/] {w}", highlight=False)
-        size = path.stat().st_size / 1e6
-        console.print(f"report written to [bold]{path}[/] ({size:.1f} MB)", highlight=False)
+    with err.status("Analysing and drawing…"):
+        result = build_analysis(paths or [], paper, env, budgets, max_budget, boots, sims, seed,
+                                skip_incomplete, prices, human_rows)
+        path = write_report(result, out, title)
+    for w in result.warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+    size = path.stat().st_size / 1e6
+    console.print(f"report written to [bold]{path}[/] ({size:.1f} MB)", highlight=False)

@@ -1,0 +1,65 @@
+"""`openrebench calibrate`: the one writer of calibration records, for this user (always) and, with
+`--ship`, for everyone who installs the package."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from openrebench.api import show_progress
+from openrebench.runs import calibrate_environment
+
+from ._common import SHIP_HINT, TierOpt, check_writable, console, err, fmt, get_env, user_errors
+
+
+@user_errors
+def calibrate(
+    env_id: Annotated[str, typer.Argument(help="Environment id.")],
+    tier: TierOpt = "mini",
+    repeats: Annotated[int, typer.Option(min=1, help="Scorings of each solution.")] = 5,
+    out: Annotated[Path | None, typer.Option(help="Also write the record into this folder.")] = None,
+    ship: Annotated[bool, typer.Option(
+        "--ship", help="Also write the record into the environment's calibration/ folder, which the package "
+                       "ships.")] = False,
+) -> None:
+    """Score the starting and reference solutions N times on this machine; save a calibration record."""
+    from rich.progress import Progress
+
+    from openrebench.runs import save_record, shipped_calibration_dir, user_calibration_dir
+
+    env = get_env(env_id)
+    env.tier(tier)
+    shipped = shipped_calibration_dir(env)
+    if ship:  # before minutes of scoring, not after
+        check_writable(shipped, f"{env.id}'s calibration folder", SHIP_HINT)
+    with Progress(console=console) as progress, show_progress(console):
+        task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
+
+        def on_progress(which: str, i: int, raw: float | None, message: str) -> None:
+            progress.advance(task)
+            progress.console.print(f"  {which} #{i}: {fmt(raw) if raw is not None else message}",
+                                   highlight=False)
+
+        record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
+                                       command=shlex.join(["openrebench", *sys.argv[1:]]))
+    table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
+    for col in ("solution", "n", "mean", "median", "sd", "CV"):
+        table.add_column(col, justify="right")
+    for which, stats in (("start", record.start), ("reference", record.reference)):
+        table.add_row(which, str(len(stats.values)), f"{stats.mean:.4f}", f"{stats.median:.4f}",
+                      f"{stats.sd:.4f}", f"{stats.cv:.2%}")
+    console.print(table)
+    if record.invalid:
+        err.print(f"[yellow]warning:[/] invalid scorings: {record.invalid}")
+    path = save_record(record, user_calibration_dir(env.id))
+    console.print(f"record written to {path}; runs started on this hardware now normalise with it")
+    if out:
+        console.print(f"record also written to {save_record(record, out)}")
+    if ship:
+        console.print(f"record shipped in {save_record(record, shipped)} (the package's copy for this "
+                      "hardware: commit it)", highlight=False, soft_wrap=True)

@@ -1,0 +1,220 @@
+"""`openrebench eval`: agents on environments through Inspect AI, a results table, and an exit code
+that says whether every attempt was scored."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.table import Table
+from typer.core import TyperCommand
+
+from openrebench.api import OpenRebenchError
+
+from ._common import TierOpt, console, duration, err, fmt, get_env, user_errors
+
+# What the help says of some agents and isolations; the names themselves come from the harness's
+# registries, so one registered later is listed (without a note) with no change here.
+AGENT_NOTES = {"oracle": "no model"}
+ISOLATION_NOTES = {"auto": "bwrap where it starts, else local with a warning", "local": "no isolation"}
+AGENTS_HELP = "{agents}"
+ISOLATIONS_HELP = "{isolations}"
+
+
+def _choices(names: Iterable[str], notes: Mapping[str, str], serial_comma: bool) -> str:
+    """'a (note), b or c.': each name with its note, if any, as one sentence."""
+    items = [f"{n} ({notes[n]})" if n in notes else n for n in names]
+    if len(items) < 2:
+        return "".join(items) + "."
+    return ", ".join(items[:-1]) + ("," if serial_comma else "") + f" or {items[-1]}."
+
+
+class EvalCommand(TyperCommand):
+    """Fills the agents and isolations into the help from the harness only when the help is shown:
+    importing the harness (Inspect AI) takes seconds, too long for every start of the command."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from openrebench.harness import AGENTS, ISOLATIONS
+
+        filled = {AGENTS_HELP: _choices(AGENTS, AGENT_NOTES, serial_comma=False),
+                  ISOLATIONS_HELP: _choices(ISOLATIONS, ISOLATION_NOTES, serial_comma=True)}
+        for param in self.params:
+            help_text = getattr(param, "help", None)
+            if help_text in filled:
+                param.help = filled[help_text]  # type: ignore[attr-defined]
+        super().format_help(ctx, formatter)
+
+
+def _check_gpus(env_ids: list[str], tier: str) -> None:
+    """Fail before Inspect starts when a tier needs more GPUs than the pool attempts lease from
+    (OPENREBENCH_GPUS) holds. (A machine without the GPU at all is refused when the task is made.)"""
+    from openrebench.isolation import visible_gpus
+
+    for env_id in env_ids:
+        spec = get_env(env_id).tier(tier)
+        if spec.gpu_count > (have := len(visible_gpus())):
+            raise OpenRebenchError(f"{env_id} ({tier}) needs {spec.gpu_count} GPU(s); the pool holds {have} "
+                                   "(OPENREBENCH_GPUS)")
+
+
+def _one_line(error: Any) -> str:
+    """One line for an Inspect error: the exception as its traceback's last line states it (the message
+    alone is a repr that can drop the detail), without the exception's module path."""
+    lines = [x.strip() for x in (error.traceback or "").splitlines() if x.strip()]
+    if lines and re.match(r"[\w.]+(: |$)", lines[-1]):
+        line = lines[-1]
+    else:
+        line = next((x.strip() for x in error.message.splitlines() if x.strip()), "no message")
+        if m := re.fullmatch(r"(\w+)\((['\"])(.*)\2\)", line):  # OpenRebenchError('...')
+            line = f"{m[1]}: {m[3]}"
+    return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)[:200]
+
+
+def _failures(logs: list[Any], task_names: list[str]) -> list[tuple[str, str, str]]:
+    """(what, status, one-line reason) for each sample that errored or has no score, each eval that did
+    not succeed where no sample says why (an eval can succeed while one of its samples failed), and each
+    task without a log: on Ctrl-C Inspect writes the cancelled logs but returns none of them."""
+    returned = {log.eval.task for log in logs}
+    out = [(name, "cancelled", "interrupted (its log in --log-dir says how far it got)")
+           for name in dict.fromkeys(task_names) if name not in returned]
+    for log in logs:
+        task = log.eval.task
+        samples: list[tuple[str, str, str]] = []
+        for sample in log.samples or []:
+            where = f"{task} (epoch {sample.epoch})"
+            if sample.error is not None:
+                samples.append((where, "error", _one_line(sample.error)))
+            elif not sample.scores:
+                reason = f"{sample.limit.type} limit hit" if sample.limit else "the sample was not scored"
+                samples.append((where, "unscored", reason))
+        if log.status != "success" and not samples:
+            reason = {"cancelled": "interrupted", "started": "did not finish"}.get(log.status, "no samples")
+            samples.append((task, log.status, _one_line(log.error) if log.error else reason))
+        out.extend(samples)
+    return out
+
+
+def _exit_code(failures: list[tuple[str, str, str]]) -> int:
+    """130 when an eval was interrupted (as a shell reports Ctrl-C), 1 when anything failed, else 0."""
+    if any(status == "cancelled" for _, status, _ in failures):
+        return 130
+    return 1 if failures else 0
+
+
+def _inspect_command() -> str:
+    """`inspect` as a command that works as printed: the one beside this Python (the virtual
+    environment's, even when it is not activated), else whatever `inspect` is on the PATH."""
+    exe = Path(sys.executable).parent / "inspect"
+    return shlex.quote(str(exe)) if exe.is_file() else "inspect"
+
+
+@user_errors
+def eval_(
+    env_ids: Annotated[list[str], typer.Argument(help="Environment ids, or 'all'.")],
+    tier: TierOpt = "mini",
+    agent: Annotated[str, typer.Option(help=AGENTS_HELP)] = "oracle",
+    model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o.")] = None,
+    time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m, 2h or seconds, "
+                                                         "from 1m to 7d (default: the tier's).")] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
+    log_dir: Annotated[Path, typer.Option(help="Where Inspect writes its logs.")] = Path("logs"),
+    runs_dir: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
+    isolation: Annotated[str, typer.Option(help=ISOLATIONS_HELP)] = "auto",
+    retry_attempts: Annotated[int, typer.Option(min=0, help="Retry failed tasks this many times, "
+                                                             "resuming from the logs (Inspect's eval_set)."
+                                                )] = 0,
+    resume: Annotated[bool, typer.Option(help="Reuse finished work in --log-dir (Inspect's eval_set): "
+                                              "only what is missing or failed runs again.")] = False,
+    max_samples: Annotated[int | None, typer.Option(help="Attempts run at once.")] = None,
+    display: Annotated[str | None, typer.Option(help="Inspect's progress display: full, rich, plain, "
+                                                     "none (default: Inspect's).")] = None,
+    message_limit: Annotated[str | None, typer.Option(help="Messages per attempt (react default: 300 per "
+                                                           "hour of working time, at least 40).")] = None,
+    token_limit: Annotated[str | None, typer.Option(help="Tokens per attempt, e.g. 500k or 2M (react "
+                                                         "default: 2M per hour of working time).")] = None,
+    prices: Annotated[Path | None, typer.Option(help="JSON of US$ per 1M tokens by model for the cost "
+                                                     'estimate: {"openai/gpt-4o": {"input": 2.5, '
+                                                     '"output": 10}}.')] = None,
+    max_cost: Annotated[float, typer.Option(help="Stop before a react run whose cost bound (US$) is "
+                                                 "above this, unless --yes.")] = 50.0,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Run even above --max-cost.")] = False,
+) -> None:
+    """Run agents on environments through Inspect AI, then print a results table.
+
+    Exits 1 when an attempt fails or ends without a score (listed after the table), 130 when interrupted.
+    """
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai import eval_set
+
+    from openrebench.harness import (
+        AGENTS,
+        ISOLATIONS,
+        check_client,
+        check_credentials,
+        ended,
+        environment_tasks,
+        estimate_run,
+        results_caption,
+    )
+    from openrebench.runs import environment_classes
+
+    ids = list(environment_classes()) if env_ids == ["all"] else env_ids
+    for env_id in ids:
+        get_env(env_id).tier(tier)
+    if agent not in AGENTS:
+        raise OpenRebenchError(f"unknown agent '{agent}' (known: {', '.join(AGENTS)})")
+    if isolation not in ISOLATIONS:
+        raise OpenRebenchError(f"unknown isolation '{isolation}' (known: {', '.join(ISOLATIONS)})")
+    if isolation == "bwrap":
+        from openrebench.isolation import bwrap_usable
+
+        if problem := bwrap_usable():
+            raise OpenRebenchError(f"--isolation bwrap: {problem}")
+    if agent == "react" and model is None:
+        raise OpenRebenchError("the react agent needs --model")
+    if model is not None:
+        check_client(model)
+    seconds = duration(time_limit) if time_limit else None
+    # Making the tasks checks their arguments and the machine (nothing is set up yet).
+    made = environment_tasks()
+    tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
+                     isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
+    _check_gpus(ids, tier)
+    if agent == "react" and model is not None:
+        estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices)
+        console.print("\n".join(estimate.lines()), highlight=False, markup=False)
+        estimate.check(max_cost, yes)
+    if model is not None:
+        check_credentials(model)
+    # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
+    options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
+               "max_samples": max_samples, "display": display}
+    if retry_attempts or resume:
+        _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
+    else:
+        logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
+    table = Table(title=f"openrebench eval — {agent} on {tier}", caption=results_caption(logs),
+                  caption_justify="left")
+    for col in ("environment", "epoch", "normalised", "raw", "ended", "run"):
+        table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")
+    for log in logs:
+        for sample in log.samples or []:
+            for score in (sample.scores or {}).values():
+                meta = score.metadata or {}
+                table.add_row(log.eval.task, str(sample.epoch), f"{float(score.value):.3f}",
+                              fmt(meta.get("raw")), ended(sample), str(meta.get("run_dir", "")))
+    if table.rows:
+        console.print(table)
+    failures = _failures(logs, [t.name for t in tasks])
+    for what, status, reason in failures:
+        err.print(f"[bold red]{status}:[/] {what}: {reason}", highlight=False, soft_wrap=True)
+    console.print(f"Inspect logs: {log_dir} (open them with `{_inspect_command()} view --log-dir "
+                  f"{shlex.quote(str(log_dir))}`)", highlight=False, soft_wrap=True)
+    if code := _exit_code(failures):
+        raise typer.Exit(code)

@@ -1,0 +1,47 @@
+"""`openrebench list` and `openrebench info`: what environments there are, and one in detail."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ._common import console, get_env, user_errors
+
+
+@user_errors
+def list_() -> None:
+    """List the environments."""
+    from openrebench.runs import environment_classes
+
+    table = Table(title="openrebench environments")
+    for col in ("id", "the job (RE-Bench task)", "tiers", "best"):
+        table.add_column(col, no_wrap=col != "the job (RE-Bench task)")
+    for cls in environment_classes().values():
+        job = f"{cls.title} [dim]({cls.rebench_id})[/]"
+        table.add_row(cls.id, job, ", ".join(cls.tiers), cls.direction.value)
+    console.print(table)
+
+
+@user_errors
+def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None:
+    """Show an environment's tiers and normalisation constants."""
+    from openrebench.runs import constants_for
+
+    env = get_env(env_id)
+    console.print(f"[bold]{env.id}[/] — {env.title}  (RE-Bench: {env.rebench_id}, version {env.version})")
+    console.print(f"final score: {env.direction.value} valid row; score visible to the agent: "
+                  f"{env.score_visible}")
+    for spec in env.tiers.values():
+        table = Table(title=f"tier {spec.name}: {spec.description}", show_header=False)
+        table.add_row("hardware", spec.hardware)
+        table.add_row("time limit", f"{spec.time_limit_hours:g} h")
+        table.add_row("scoring limits", f"{spec.score_timeout_s:g} s, {spec.memory_limit_gb:g} GB")
+        table.add_row("params", ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+        c = constants_for(env, spec.name)
+        table.add_row("constants here", f"start {c.start:.4f}, reference {c.reference:.4f} ({c.source})")
+        if spec.paper_constants:
+            p = spec.paper_constants
+            table.add_row("paper", f"start {p.start:.4f}, reference {p.reference:.4f} ({p.source})")
+        console.print(table)

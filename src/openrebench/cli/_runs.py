@@ -1,0 +1,115 @@
+"""One run by hand: `start`, `score`, `log`, `result`, and `demo`, which does them all once with the
+reference solution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markdown import Markdown
+
+from openrebench.api import show_progress
+from openrebench.runs import Run, final_score
+
+from ._common import (
+    RunDir,
+    TierOpt,
+    console,
+    err,
+    fail_on_setup_infrastructure,
+    fmt,
+    get_env,
+    log_table,
+    print_constants,
+    print_row,
+    score_with_status,
+    user_errors,
+)
+
+
+@user_errors
+def start(
+    env_id: Annotated[str, typer.Argument(help="Environment id (see `openrebench list`).")],
+    directory: Annotated[Path, typer.Argument(help="New run directory.")],
+    tier: TierOpt = "mini",
+    seed: Annotated[int | None, typer.Option(help="Seed for asset building (default: random).")] = None,
+) -> None:
+    """Set up a run: workspace, protected data, and the (uncharged) scoring of the starting solution."""
+    from openrebench.runs import start_run
+
+    env = get_env(env_id)
+    env.tier(tier)
+    with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
+        run, row = start_run(env_id, tier, directory, seed=seed)
+        assert row is not None
+    console.print(Markdown(env.instructions(tier)))
+    print_row(run, row)
+    print_constants(run)
+    console.print(f"\nWorkspace: [bold]{run.workspace}[/]\nScore with: openrebench score {run.path}")
+    fail_on_setup_infrastructure(run, row)
+
+
+@user_errors
+def score(directory: RunDir = Path(".")) -> None:
+    """Score the run's current solution and append the result to its score log."""
+    run = Run.open(directory)
+    print_row(run, score_with_status(run, "Scoring"))
+
+
+@user_errors
+def log(directory: RunDir = Path(".")) -> None:
+    """Show the score log."""
+    run = Run.open(directory)
+    rows, warnings = run.rows()
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    console.print(log_table(run, rows))
+
+
+@user_errors
+def result(directory: RunDir = Path(".")) -> None:
+    """Show the run's final raw and normalised score."""
+    from openrebench.runs import final_row
+
+    run = Run.open(directory)
+    env = get_env(run.info.env_id)
+    rows, _ = run.rows()
+    raw, norm = final_score(rows, env.direction, run.info.constants)
+    row = final_row(rows, env.direction)
+    which = "no valid score" if row is None else f"row #{row.index} ({env.direction.value} valid row)"
+    console.print(f"final raw score: [bold]{fmt(raw)}[/]   normalised: [bold]{norm:.3f}[/]   from {which}")
+    console.print(f"normalisation: start {run.info.constants.start:.4f}, reference "
+                  f"{run.info.constants.reference:.4f} ({run.info.constants.source})", highlight=False)
+
+
+@user_errors
+def demo(
+    env_id: Annotated[str, typer.Argument(help="Environment id.")] = "optimize_kernel",
+    tier: TierOpt = "mini",
+    directory: Annotated[Path | None, typer.Option("--dir", help="Run directory (default: a new one "
+                                                                 "under ./runs).")] = None,
+) -> None:
+    """End to end: start a run, score the start, put the reference in place, score it, show the log."""
+    import time
+
+    from openrebench.runs import start_run
+
+    env = get_env(env_id)
+    env.tier(tier)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    directory = (directory or Path("runs") / f"demo-{env_id}-{tier}-{stamp}").absolute()
+    with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
+        run, row = start_run(env_id, tier, directory)
+        assert row is not None
+    print_row(run, row)
+    print_constants(run)
+    fail_on_setup_infrastructure(run, row)
+    env.install_reference(run.workspace, tier)
+    console.print("Reference solution put in place of the agent's.")
+    print_row(run, score_with_status(run, "Scoring the reference solution"))
+    rows, _ = run.rows()
+    console.print(log_table(run, rows))
+    raw, norm = final_score(rows, env.direction, run.info.constants)
+    console.print(f"final: raw {fmt(raw)}, normalised [bold]{norm:.3f}[/] "
+                  f"(constants: {run.info.constants.source})", highlight=False)
