@@ -19,7 +19,7 @@ from openrebench.cli import app
 from openrebench.cli._common import duration
 from openrebench.cli._eval import _exit_code, _failures
 from openrebench.harness import TaskArgError, environment_tasks
-from openrebench.harness._task import system_prompt
+from openrebench.harness.agents.react import system_prompt
 from openrebench.runs import get_environment
 
 RANGE = "1 minute to 7 days (60 to 604800 seconds)"
@@ -67,7 +67,7 @@ def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(
     ({"time_limit": 1e12}, "time_limit 1e+12 is out of range"),
     ({"time_limit": "30m"}, "time_limit '30m' is not a number of seconds"),
     ({"tier": "huge"}, "unknown tier 'huge' for optimize_kernel (known: mini, full)"),
-    ({"agent": "gpt"}, "unknown agent 'gpt' (known: oracle, react, human)"),
+    ({"agent": "gpt"}, "unknown agent 'gpt' (known: human, oracle, react)"),
     ({"isolation": "docker"}, "unknown isolation 'docker' (known: auto, bwrap, local)"),
 ])
 def test_bad_task_args_give_one_line(args: dict[str, object], message: str) -> None:

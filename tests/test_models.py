@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from openrebench.api import OpenRebenchError
 from openrebench.cli import app
-from openrebench.harness import _models
-from openrebench.harness._limits import IDLE_TURNS, agent_limits, parse_count
+from openrebench.harness import _models, agent_limits
+from openrebench.harness._limits import IDLE_TURNS, parse_count
 from openrebench.harness._models import Estimate, check_client, estimate_run, find_price, install_hint
 from openrebench.isolation import bwrap_binary
 
@@ -283,7 +283,7 @@ def test_the_estimate_bounds_every_attempt_at_the_dearer_price_and_stops_above_m
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"openai/my-model": {"input": 1.0, "output": 4.0}}))
     est = estimate_run("openai/my-model", ["optimize_kernel", "fix_embedding"], "mini", 1800, 3, None, None,
-                       prices)
+                       prices, agent="react")
     assert est.attempts == 6 and est.tokens == 6 * 1_000_000
     assert est.bound == pytest.approx(24.0)
     text = "\n".join(est.lines())

@@ -324,7 +324,7 @@ def test_oracle_through_inspect_start_and_reference_are_valid(mlm_home: Path, tm
     from inspect_ai import eval as inspect_eval
 
     from openrebench.harness import environment_tasks
-    from openrebench.harness._task import ORACLE_SCORINGS
+    from openrebench.harness.agents.oracle import ORACLE_SCORINGS
 
     monkeypatch.setenv("OPENREBENCH_HOME", str(mlm_home))
     task = environment_tasks()["restricted_mlm"](tier="mini", agent="oracle", runs_dir=str(tmp_path / "runs"))

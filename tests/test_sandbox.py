@@ -179,14 +179,16 @@ def test_login_shell_for_people_has_the_score_command(box: OpenRebenchSandbox) -
 
 
 def test_auto_isolation_falls_back_to_local_loudly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from openrebench.harness import _sandbox
+    from openrebench.harness import backends
+    from openrebench.harness.backends import bwrap
 
-    monkeypatch.setattr(_sandbox, "bwrap_usable", lambda: "user namespaces are disabled")
-    assert _sandbox.resolve_isolation("auto") == "local"
+    monkeypatch.setattr(bwrap, "bwrap_usable", lambda: "user namespaces are disabled")
+    backend, reason = backends.resolve_isolation("auto")
+    assert backend.name == "local" and reason == "user namespaces are disabled"
     with pytest.raises(RuntimeError, match="user namespaces are disabled"):
-        _sandbox.resolve_isolation("bwrap")
+        backends.resolve_isolation("bwrap")
     with pytest.warns(UserWarning, match="NOTHING IS ISOLATED"):
-        _sandbox._warn_local("user namespaces are disabled")
+        backends.warn_unisolated(backend, reason)
     run = make_run(tmp_path / "local")
     loop = asyncio.new_event_loop()
     local = loop.run_until_complete(OpenRebenchSandbox.for_run(

@@ -153,13 +153,14 @@ def eval_(
     from inspect_ai import eval_set
 
     from openrebench.harness import (
-        AGENTS,
         ISOLATIONS,
         check_client,
         check_credentials,
         ended,
         environment_tasks,
         estimate_run,
+        get_agent,
+        isolation_problem,
         results_caption,
     )
     from openrebench.runs import environment_classes
@@ -167,17 +168,13 @@ def eval_(
     ids = list(environment_classes()) if env_ids == ["all"] else env_ids
     for env_id in ids:
         get_env(env_id).tier(tier)
-    if agent not in AGENTS:
-        raise OpenRebenchError(f"unknown agent '{agent}' (known: {', '.join(AGENTS)})")
+    agent_spec = get_agent(agent)  # one line naming the registered agents where unknown
     if isolation not in ISOLATIONS:
         raise OpenRebenchError(f"unknown isolation '{isolation}' (known: {', '.join(ISOLATIONS)})")
-    if isolation == "bwrap":
-        from openrebench.isolation import bwrap_usable
-
-        if problem := bwrap_usable():
-            raise OpenRebenchError(f"--isolation bwrap: {problem}")
-    if agent == "react" and model is None:
-        raise OpenRebenchError("the react agent needs --model")
+    if problem := isolation_problem(isolation):
+        raise OpenRebenchError(f"--isolation {isolation}: {problem}")
+    if agent_spec.needs_model and model is None:
+        raise OpenRebenchError(f"the {agent} agent needs --model")
     if model is not None:
         check_client(model)
     seconds = duration(time_limit) if time_limit else None
@@ -186,8 +183,9 @@ def eval_(
     tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
                      isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
     _check_gpus(ids, tier)
-    if agent == "react" and model is not None:
-        estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices)
+    if agent_spec.needs_model and model is not None:
+        estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices,
+                                agent=agent)
         console.print("\n".join(estimate.lines()), highlight=False, markup=False)
         estimate.check(max_cost, yes)
     if model is not None:

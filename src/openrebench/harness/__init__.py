@@ -1,27 +1,41 @@
-"""The agent harness on Inspect AI: the bubblewrap sandbox, the score tools, agents and tasks."""
+"""The agent harness on Inspect AI: the sandbox and its backends, the scoring service, the score tools,
+the agents and the tasks.
 
-from ._limits import Limits, agent_limits, ended, results_caption
+`AGENTS` and `ISOLATIONS` are the names registered now (built-in and installed plug-ins), read when
+asked, so that importing the harness loads no plug-in.
+"""
+
+from ._limits import Limits, ended, results_caption
 from ._models import Estimate, check_client, check_credentials, estimate_run, load_prices
 from ._offline import use_local_tiktoken_cache
 from ._sandbox import OpenRebenchSandbox, SandboxConfig
 from ._task import (
-    AGENTS,
-    ISOLATIONS,
     TIME_LIMIT_RANGE,
     TIME_LIMIT_RANGE_S,
     TaskArgError,
     check_time_limit,
     environment_tasks,
-    oracle,
     rebench_task,
     run_score,
-    score,
-    score_log,
 )
+from ._tools import score, score_log
+from .agents import AgentSpec, agent_limits, agent_names, get_agent
+from .agents.oracle import oracle
+from .backends import Backend, isolation_problem, isolations
 
 use_local_tiktoken_cache()  # before Inspect first counts tokens
 
-__all__ = ["AGENTS", "ISOLATIONS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "Estimate", "Limits",
-           "OpenRebenchSandbox", "SandboxConfig", "TaskArgError", "agent_limits", "check_client",
-           "check_credentials", "check_time_limit", "ended", "environment_tasks", "estimate_run",
-           "load_prices", "oracle", "rebench_task", "results_caption", "run_score", "score", "score_log"]
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name == "AGENTS":
+        return agent_names()
+    if name == "ISOLATIONS":
+        return isolations()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["AGENTS", "ISOLATIONS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "AgentSpec", "Backend",
+           "Estimate", "Limits", "OpenRebenchSandbox", "SandboxConfig", "TaskArgError", "agent_limits",
+           "check_client", "check_credentials", "check_time_limit", "ended", "environment_tasks",
+           "estimate_run", "get_agent", "isolation_problem", "load_prices", "oracle", "rebench_task",
+           "results_caption", "run_score", "score", "score_log"]

@@ -65,15 +65,12 @@ def parse_count(value: int | str | None, what: str) -> int | None:
     return count
 
 
-def agent_limits(agent: str, seconds: float, messages: int | str | None = None,
-                 tokens: int | str | None = None) -> Limits:
-    """The react agent's defaults scale with the working time; other agents get only explicit limits."""
-    messages, tokens = parse_count(messages, "message limit"), parse_count(tokens, "token limit")
-    if agent != "react":
-        return Limits(messages, tokens)
+def scaled_limits(seconds: float) -> Limits:
+    """The defaults of a model-driven agent (react's): messages and tokens in proportion to the working
+    time, at least the minimums, and the idle stop."""
     hours = seconds / 3600
-    return Limits(messages or max(MIN_MESSAGES, round(MESSAGES_PER_HOUR * hours)),
-                  tokens or max(MIN_TOKENS, round(TOKENS_PER_HOUR * hours)), IDLE_TURNS)
+    return Limits(max(MIN_MESSAGES, round(MESSAGES_PER_HOUR * hours)),
+                  max(MIN_TOKENS, round(TOKENS_PER_HOUR * hours)), IDLE_TURNS)
 
 
 def stop_when_idle(turns: int = IDLE_TURNS) -> Any:

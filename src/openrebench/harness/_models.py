@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openrebench.api import OpenRebenchError
+from openrebench.runs import get_environment
 
 from ._limits import Limits, fmt_duration, fmt_tokens
+from .agents import get_agent
 
 # The client package of every Inspect provider that needs one we ship an extra for, with the lowest
 # version the installed Inspect accepts (inspect_ai/model/_providers/providers.py).
@@ -240,15 +242,12 @@ def load_prices(path: Path) -> dict[str, dict[str, float]]:
 
 def estimate_run(model: str, env_ids: list[str], tier: str, seconds: float | None, epochs: int,
                  message_limit: int | str | None, token_limit: int | str | None,
-                 prices_path: Path | None) -> Estimate:
-    """The react agent's bound for `openrebench eval`, with the limits `rebench_task` will apply."""
-    from openrebench.runs import get_environment
-
-    from ._limits import agent_limits
-
+                 prices_path: Path | None, *, agent: str) -> Estimate:
+    """The bound of a model agent's run for `openrebench eval`, with the limits `rebench_task` will apply."""
     prices = None if prices_path is None else load_prices(prices_path)
     per = [seconds if seconds is not None else get_environment(e).tier(tier).time_limit_hours * 3600
            for e in env_ids]
     price, source = find_price(model, prices)
-    return Estimate(model, len(env_ids), epochs, [agent_limits("react", s, message_limit, token_limit)
-                                                  for s in per], per, price, source)
+    spec = get_agent(agent)
+    return Estimate(model, len(env_ids), epochs, [spec.limits(s, message_limit, token_limit) for s in per],
+                    per, price, source)

@@ -1,0 +1,104 @@
+"""The scoring service: the harness's end of the `score` command (`_score_client.py`).
+
+The agent never scores itself: its `score` command sends one JSON line over a Unix socket that the
+sandbox sees as /run/openrebench/score.sock, and the harness scores (in a fresh sandbox) and answers.
+The socket is reachable by whatever runs in the agent's sandbox, so every connection gets exactly one
+one-line JSON answer, whatever it sent (garbage, an oversized or unfinished request) and whatever
+scoring did; a failure of the harness is reported as such, without its details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from openrebench.runs import Run, get_environment
+
+from . import _score_client
+
+MAX_REQUEST = 4096  # bytes of one request line on the scoring socket
+REQUEST_TIMEOUT_S = 30.0
+SCORE_FAILED = ("Invalid: infrastructure failure (the harness failed while scoring), not caused "
+                "by your solution; the details are in the harness's log.")
+LOG_FAILED = "the score log cannot be read right now (infrastructure failure)"
+
+logger = logging.getLogger(__name__)
+
+
+def format_log(run: Run) -> str:
+    """The run's scorings so far, one line each (`score log`, the score_log tool); a hidden score shows
+    only as valid."""
+    env = get_environment(run.info.env_id)
+    rows, _ = run.rows()
+    out = []
+    for r in rows:
+        score = "invalid" if r.raw is None else (f"{r.raw:.4f}" if env.score_visible else "valid")
+        out.append(f"#{r.index} {r.elapsed_s / 60:6.1f} min  {score:>10}  {r.message.splitlines()[0][:100]}")
+    return "\n".join(out) or "no scores yet"
+
+
+def install_client(bin_dir: Path) -> Path:
+    """The `score` command for the sandbox's PATH (standard library only: it runs with the sandbox's
+    Python and sees none of the package)."""
+    client = bin_dir / "score"
+    client.write_text(f"#!/usr/bin/env python3\n{Path(_score_client.__file__).read_text()}")
+    client.chmod(0o755)
+    return client
+
+
+class ScoringService:
+    """A Unix socket server answering `{"op": "score"}` and `{"op": "log"}` with `{"text": ...}`.
+
+    `score` scores now and says what came of it; `log` is the score log as text. Both are called per
+    request, so a caller may change what they do while the service runs.
+    """
+
+    def __init__(self, score: Callable[[], Awaitable[str]], log: Callable[[], str]) -> None:
+        self._score = score
+        self._log = log
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self, sock: Path) -> None:
+        """Listen on `sock`, which every uid may use (the agent's may differ from the harness's)."""
+        self.server = await asyncio.start_unix_server(self._handle, path=str(sock), limit=MAX_REQUEST)
+        sock.chmod(0o777)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> str:
+        try:
+            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
+            request = json.loads(line or b"{}")
+        except TimeoutError:
+            return f"malformed request (no complete line within {REQUEST_TIMEOUT_S:g} s)"
+        except (ValueError, UnicodeDecodeError, RecursionError):  # LimitOverrunError is a ValueError
+            return f"malformed request (one JSON line of at most {MAX_REQUEST} bytes expected)"
+        op = request.get("op") if isinstance(request, dict) else None
+        if op == "score":
+            try:
+                return await self._score()
+            except Exception:
+                logger.exception("scoring over the socket failed")
+                return SCORE_FAILED
+        if op == "log":
+            try:
+                return self._log()
+            except Exception:
+                logger.exception("reading the score log failed")
+                return LOG_FAILED
+        return "unknown request (expected op 'score' or 'log')"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            text = await self._answer(reader)
+            writer.write(json.dumps({"text": text}).encode())
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the client went away: nothing to answer to
+        finally:
+            writer.close()

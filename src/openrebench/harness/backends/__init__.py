@@ -1,0 +1,92 @@
+"""Sandbox backends by name: what `--isolation` and `-T isolation=` take.
+
+A built-in backend is a module here naming its `Backend` subclass `BACKEND`; a third-party one is an
+entry point in the group `openrebench.sandbox_backends` (`name = "package.module:Class"`). `auto`
+is no backend but a choice made per attempt: bwrap where it starts, else local, with the loud
+warning that nothing is isolated.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import warnings
+
+from openrebench.base import OpenRebenchError
+
+from .._plugins import check_name, discover
+from ._base import Attempt, Backend, Launch
+
+ENTRY_POINT_GROUP = "openrebench.sandbox_backends"
+AUTO = "auto"
+
+logger = logging.getLogger(__name__)
+
+
+def _check(cls: object, origin: str) -> type[Backend]:
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise OpenRebenchError(f"{origin} is not an openrebench sandbox Backend class")
+    if check_name(getattr(cls, "name", None), origin, "backend") == AUTO:
+        raise OpenRebenchError(f"{origin}: the name '{AUTO}' is reserved")
+    if not isinstance(getattr(cls, "description", None), str):
+        raise OpenRebenchError(f"{origin}: the backend class lacks a description")
+    return cls
+
+
+@functools.cache
+def backend_classes() -> dict[str, type[Backend]]:
+    """Every sandbox backend by name, sorted by name (built-in and installed plug-ins)."""
+    return discover(__name__, "BACKEND", ENTRY_POINT_GROUP, _check, lambda cls: cls.name)
+
+
+def isolations() -> tuple[str, ...]:
+    """What an attempt's isolation may be: `auto`, then every backend's name."""
+    return (AUTO, *backend_classes())
+
+
+def get_backend(name: str) -> type[Backend]:
+    """The backend of this name, else a one-line error."""
+    try:
+        return backend_classes()[name]
+    except KeyError:
+        raise OpenRebenchError(f"unknown isolation '{name}' (known: {', '.join(isolations())})") from None
+
+
+def isolation_problem(name: str) -> str | None:
+    """Why the isolation `name` cannot be had here (None where it can; `auto` always can)."""
+    return None if name == AUTO else get_backend(name).unusable()
+
+
+def resolve_isolation(requested: str) -> tuple[type[Backend], str | None]:
+    """The backend an attempt uses, and why `auto` did not get its first choice (None where it did).
+    A backend asked for by name that cannot start here is an error, never a silent fallback."""
+    if requested != AUTO:
+        backend = get_backend(requested)
+        if problem := backend.unusable():
+            raise RuntimeError(f"the {requested} sandbox cannot start here: {problem}")
+        return backend, None
+    bwrap = get_backend("bwrap")
+    if (problem := bwrap.unusable()) is None:
+        return bwrap, None
+    return get_backend("local"), problem
+
+
+def warn_unisolated(backend: type[Backend], reason: str | None) -> None:
+    """Say the backend's warning where it has one (nothing isolated): as a Python warning, in the log
+    and on stderr, so that it shows whatever the display. `reason`: why bwrap was passed over."""
+    if backend.warning is None:
+        return
+    text = backend.warning + (f" (bwrap is unusable: {reason})" if reason else "")
+    warnings.warn(text, stacklevel=3)
+    logger.warning(text)
+    print(f"\n!!! {text}\n", file=sys.stderr)
+
+
+def refresh() -> None:
+    """Forget what was found (after installing a plug-in in a running process, as tests do)."""
+    backend_classes.cache_clear()
+
+
+__all__ = ["AUTO", "ENTRY_POINT_GROUP", "Attempt", "Backend", "Launch", "backend_classes", "get_backend",
+           "isolation_problem", "isolations", "refresh", "resolve_isolation", "warn_unisolated"]

@@ -1,0 +1,152 @@
+"""What a sandbox backend is: how the agent's commands run, and what keeps them apart from the host.
+
+The Inspect sandbox (`_sandbox.py`) owns the attempt's lifecycle (the run, the GPU lease, the
+scoring service); a backend only runs the agent's commands and moves its files, with one
+`Attempt`'s settings. A backend's class says what it does in class attributes, read by the harness
+instead of branching on names; its name is what `--isolation` and `-T isolation=` take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from inspect_ai.util import ExecResult
+
+from openrebench.isolation import Cgroup, GpuLease
+from openrebench.runs import Run
+
+from .._layout import HOME, WORKSPACE, AgentHome
+
+MAX_OUTPUT = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a backend isolates: one run's agent, the host folder of its own places, its GPUs, its limits."""
+
+    run: Run
+    home: AgentHome
+    lease: GpuLease | None = None
+    network: bool = False
+    memory_bytes: int = 8 * 1024**3
+    max_processes: int = 1024
+    cpus: float | None = None  # CPU time of the whole attempt, in cores (None: all of them)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A host command line running one command of the agent, with the host cwd and environment it
+    needs (None: the harness's own)."""
+
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+def _freeze(group: Cgroup, frozen: bool) -> bool:
+    """Freeze or thaw the agent's processes; False (never an exception) where that did not work."""
+    try:
+        return group.freeze() if frozen else group.thaw()
+    except OSError:
+        return False
+
+
+class Backend(ABC):
+    """Runs one attempt's commands. Subclasses set the class attributes and `command` (or `exec`),
+    and may override `start`/`stop` for what they set up and tear down."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]  # one line: what it isolates, for people choosing one
+    warning: ClassVar[str | None] = None  # said loudly whenever an attempt uses it (nothing isolated)
+    leases_gpus: ClassVar[bool] = False  # the attempt leases its GPUs and sees only those
+    sandboxed_scoring: ClassVar[bool] = False  # scorings run in the scoring sandbox (bwrap)
+    agent_uid: ClassVar[int | None] = None  # the uid the agent runs as where the harness is root
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.cgroup: Cgroup | None = None  # holds every process of the agent, where the backend makes one
+
+    @classmethod
+    def unusable(cls) -> str | None:
+        """Why this backend cannot start on this machine, or None where it can."""
+        return None
+
+    def owner(self) -> int | None:
+        """The uid to give the agent's files to, or None where they stay the harness's."""
+        return self.agent_uid if self.agent_uid is not None and os.geteuid() == 0 else None
+
+    async def start(self) -> None:
+        """Set the attempt up before its first command; the agent's places become its own."""
+        if (uid := self.owner()) is not None:
+            self.attempt.home.chown(uid)
+
+    async def stop(self) -> None:  # noqa: B027 - optional: a backend may have nothing to tear down
+        """Tear down what `start` made (called once, at the end of the attempt)."""
+
+    def freeze(self, frozen: bool) -> bool | None:
+        """Freeze (or thaw) every process of the agent; None where this backend cannot, False where
+        it failed this time."""
+        return None if self.cgroup is None else _freeze(self.cgroup, frozen)
+
+    @abstractmethod
+    def command(self, cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
+                interactive: bool = False) -> Launch:
+        """The host command line that runs `cmd` as the agent (`cwd` as the agent sees it)."""
+
+    @abstractmethod
+    def login(self) -> str:
+        """A shell command giving a person a login shell as the agent (Inspect's human agent prints it)."""
+
+    async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None, timeout: int | None = None) -> ExecResult[str]:
+        """Run `cmd` as the agent; on timeout its whole session is killed."""
+        launch = self.command(cmd, cwd, env)
+        proc = await asyncio.create_subprocess_exec(
+            *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=launch.cwd, env=launch.env)
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+        except TimeoutError:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise TimeoutError(f"command timed out after {timeout} s") from None
+        return ExecResult(success=proc.returncode == 0, returncode=proc.returncode or 0,
+                          stdout=out[-MAX_OUTPUT:].decode(errors="replace"),
+                          stderr=err[-MAX_OUTPUT:].decode(errors="replace"))
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        """Write a file in the workspace or the agent's own dirs, owned as the agent's own are."""
+        home = self.attempt.home
+        host = home.host_path(file)
+        if host is None:
+            raise PermissionError(f"{file}: only files under {WORKSPACE}, {HOME}, /tmp, /opt and "
+                                  "/var/tmp can be written")
+        data = contents.encode() if isinstance(contents, str) else contents
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host.write_bytes(data)
+        if (uid := self.owner()) is not None:
+            for path in [host, *host.parents]:
+                if path in (home.workspace, home.root / "state") or path == path.parent:
+                    break
+                os.chown(path, uid, uid)
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        """A file as the agent sees it: its own places from the host, anything else from inside."""
+        host = self.attempt.home.host_path(file)
+        if host is None:
+            result = await self.exec(["cat", file])
+            if not result.success:
+                raise FileNotFoundError(file)
+            return result.stdout if text else result.stdout.encode()
+        if not host.is_file():
+            raise FileNotFoundError(file)
+        data = host.read_bytes()
+        return data.decode() if text else data

@@ -1,0 +1,36 @@
+"""The local backend: no isolation at all, for machines where no sandbox starts (said loudly each time).
+
+The agent's commands run as the harness's user, on the host, in the run's workspace, with the
+network; it can read protected data and the reference solutions. Scorings are not sandboxed either.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from .._layout import WORKSPACE
+from ._base import Backend, Launch
+
+LOCAL_WARNING = ("openrebench sandbox 'local': NOTHING IS ISOLATED. The agent's commands run as you, "
+                 "on your files, with the network; it can read protected data and the reference "
+                 "solutions.")
+
+
+class LocalBackend(Backend):
+    name = "local"
+    description = "none: commands run as you, on the host, with the network (a loud warning each time)"
+    warning = LOCAL_WARNING
+
+    def command(self, cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
+                interactive: bool = False) -> Launch:
+        """`cmd` itself, in the host folder behind `cwd` (the workspace where it has none)."""
+        home = self.attempt.home
+        host_cwd = home.host_path(cwd or WORKSPACE) or home.workspace
+        return Launch(cmd, cwd=str(host_cwd), env={**os.environ, **(env or {})})
+
+    def login(self) -> str:
+        return f"cd {shlex.quote(str(self.attempt.home.workspace))} && bash -l"
+
+
+BACKEND = LocalBackend
