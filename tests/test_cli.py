@@ -133,6 +133,6 @@ def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
     monkeypatch.setenv("COLUMNS", "200")
     code, out = invoke("eval", "--help")
     assert code == 0, out
-    assert "oracle (no model), react, human or toy_agent." in out
+    assert "human, oracle (no model), react or toy_agent." in out
     assert ("auto (bwrap where it starts, else local with a warning), bwrap, local (no isolation), or "
             "toy_box.") in out
