@@ -31,7 +31,7 @@ import torch
 from openrebench.api import cache_dir, show_progress
 from openrebench.environments.scaling_law import _assets
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path, sweep
-from openrebench.environments.scaling_law.experiment import Result, Setup
+from openrebench.environments.scaling_law.experiment import Result
 from openrebench.environments.scaling_law.scorer import read_answer, score_answer
 from openrebench.lm import load_manifest
 from openrebench.runs import calibrate, detect_hardware, get_environment, save_record
@@ -51,7 +51,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     env = get_environment("scaling_law")
     spec = env.tier(args.tier)
-    setup = Setup(**spec.params["setup"])
+    setup = spec.params.setup
     cache = cache_dir()
     command = " ".join(["python", *sys.argv])
     device = _assets.device_for(spec)
@@ -59,7 +59,7 @@ def main() -> None:
         raise SystemExit(f"the {spec.name} tier's sweep needs a CUDA GPU")
     started = time.monotonic()
     data = _assets.data_for(spec, cache)
-    widths, seeds = spec.params["sweep"]["widths"], args.seeds or spec.params["sweep"]["seeds"]
+    widths, seeds = spec.params.sweep.widths, args.seeds or spec.params.sweep.seeds
     total, done = len(widths) * len(seeds), 0
     print(f"scaling_law {spec.name}: {total} points at {setup.target_flops:.3g} FLOPs on {device} "
           f"({data.kind}, {data.num_tokens('train'):,} training tokens)", flush=True)
