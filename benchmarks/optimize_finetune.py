@@ -69,7 +69,7 @@ def _pipeline(which: str, env: Any, tier: str, protected: Path, seed: int, recor
     config = set_seed((protected / CONFIG).read_text(), seed)
     assert config is not None
     prepare_inputs(folder, protected, seed, records, config, None, link=True)
-    outcome = run_pipeline(folder, timeout_s, drop=False, threads=env.tier(tier).params.get("threads"))
+    outcome = run_pipeline(folder, timeout_s, drop=False, threads=env.tier(tier).params.threads)
     if outcome.exit_code != 0:
         raise RuntimeError(f"the {which} pipeline failed ({outcome.exit_code}):\n{outcome.tail}")
     return folder / OUTPUT_DIR, outcome.seconds
@@ -81,7 +81,7 @@ def noise(env: Any, tier: str, protected: Path, work: Path) -> dict[str, Any]:
     pool = (protected / "pool.jsonl").read_text().splitlines(keepends=True)
     draws = [(secrets.randbelow(2**31 - 1), random.Random(secrets.randbits(64)).sample(pool, setup.records))
              for _ in range(2)]
-    timeout = float(spec.params["run_timeout_s"])
+    timeout = float(spec.params.run_timeout_s)
     plan = [("start_a", "start", 0), ("start_b", "start", 0), ("reference_a", "reference", 0),
             ("reference_b", "reference", 0), ("reference_other_draw", "reference", 1)]
     out, seconds = {}, {}
@@ -170,7 +170,7 @@ def main() -> None:
                     pool = (protected / "pool.jsonl").read_text().splitlines(keepends=True)
                     earlier_weights, _ = _pipeline("reference", env, args.tier, protected, 12345,
                                                    pool[:setup.records], Path(tmp) / "earlier",
-                                                   float(env.tier(args.tier).params["reference_timeout_s"]))
+                                                   float(env.tier(args.tier).params.reference_timeout_s))
                 run = start_run(env.id, args.tier, Path(tmp) / f"cheat-{name}", score_start=False)[0]
                 install_cheat(name, run.workspace, earlier_weights)
                 row = score_run(run, kind="calibration", charged=False)
@@ -180,7 +180,7 @@ def main() -> None:
                 results.put("cheats", cheats)
             stale = cheats.get("stale_copy", {}).get("relative_l1")
             if stale is not None and honest is not None:
-                tolerance = env.tier(args.tier).params["max_relative_l1"]
+                tolerance = env.tier(args.tier).params.max_relative_l1
                 print(f"relative L1: honest runs up to {honest:.3g}, a stale copy {stale:.3g}; the tolerance "
                       f"({tolerance:g}) should sit well between them")
 

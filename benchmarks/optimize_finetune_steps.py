@@ -81,15 +81,15 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(str(assets.tokenizer))
     pool = assets.pool.read_text().splitlines()
-    records = random.Random(0).sample(pool, spec.params["records"])
+    records = random.Random(0).sample(pool, spec.params.records)
     data = Path("/tmp/oft_steps_data.jsonl")
     data.write_text("\n".join(records) + "\n")
-    cfg = {"max_seq_len": int(spec.params["config"]["max_seq_len"]), "data": {"path": str(data)}}
+    cfg = {"max_seq_len": spec.params.config.max_seq_len, "data": {"path": str(data)}}
     samples = ref.tokenize(cfg, tokenizer)
     lengths = [len(ids) for ids, _ in samples]
     print(f"{len(samples)} records, tokens: mean {statistics.mean(lengths):.0f}, max {max(lengths)}")
-    global_batch = int(spec.params["config"]["global_train_batch_size"])
-    micro = int(spec.params["config"]["device_train_microbatch_size"])
+    global_batch = spec.params.config.global_train_batch_size
+    micro = spec.params.config.device_train_microbatch_size
     batches = ref.global_batches(len(samples), global_batch, 0, 0, True, True)
     pad_id = tokenizer.eos_token_id
 

@@ -153,7 +153,7 @@ def main() -> None:
 
     env = get_environment("optimize_kernel")
     spec = env.tier(args.tier)
-    n = int(spec.params["length"])
+    n = spec.params.length
     device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("the full tier needs a CUDA GPU")

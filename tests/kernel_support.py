@@ -16,11 +16,13 @@ KERNEL_PARAMS: dict[str, Any] = {"length": 2**15, "warmup_calls": 2, "timed_call
                                  "setup_timeout_s": 60}
 
 
-def small_tier(monkeypatch: pytest.MonkeyPatch, env_id: str, **params: Any) -> TierSpec:
-    """The environment's mini tier with some parameters replaced, for scorings made in this process."""
+def small_tier(monkeypatch: pytest.MonkeyPatch, env_id: str, **params: Any) -> TierSpec[Any]:
+    """The environment's mini tier with some parameters replaced (and checked by its params model), for
+    scorings made in this process."""
     env = get_environment(env_id)
     spec = env.tier("mini")
-    small = spec.model_copy(update={"params": {**spec.params, **params}})
+    checked = spec.params.model_validate({**spec.params.model_dump(), **params})
+    small = spec.model_copy(update={"params": checked})
     monkeypatch.setitem(type(env).tiers, "mini", small)
     return small
 

@@ -121,8 +121,8 @@ def test_each_run_gets_its_own_secret_permutation(run: Run, fixemb_home: Path, t
         assert sorted(perms[-1].tolist()) == list(range(len(original)))
         assert torch.equal(_embedding(r.workspace / "fixed_model"), permuted)  # the starting solution
     assert not torch.equal(perms[0], perms[1])
-    seeds = {v for v in str(spec.params).replace(",", " ").replace("}", " ").replace(":", " ").split()
-             if v.isdigit()}
+    values = str(spec.params.model_dump())
+    seeds = {v for v in values.replace(",", " ").replace("}", " ").replace(":", " ").split() if v.isdigit()}
     for seed in seeds:
         seeded = torch.randperm(len(original), generator=torch.Generator().manual_seed(int(seed)))
         assert not any(torch.equal(seeded, perm) for perm in perms)

@@ -82,7 +82,7 @@ def test_yardstick_runs_at_the_solutions_priority_and_restores_the_scorers() -> 
 def test_tiers() -> None:
     env = get_environment("optimize_kernel")
     mini, full = env.tier("mini").params, env.tier("full").params
-    assert mini["yardstick_ms"] > 0 and "yardstick_ms" not in full
+    assert mini.yardstick is not None and mini.yardstick.ms > 0 and full.yardstick is None
     assert "adjusted for the machine's current speed" in env.instructions("mini")
     assert "adjusted" not in env.instructions("full") and "$" not in env.instructions("full")
 
@@ -100,7 +100,8 @@ def test_score_counts_milliseconds_relative_to_the_yardstick(tmp_path: Path,
     ratios = {}
     for sleep_ms in (10, 30):
         monkeypatch.setattr(Yardstick, "workload", staticmethod(_slowed_by(sleep_ms / 1e3)))
-        result = kernel_score(monkeypatch, tmp_path / str(sleep_ms), HONEST, yardstick_ms=20.0)
+        result = kernel_score(monkeypatch, tmp_path / str(sleep_ms), HONEST,
+                              yardstick={"ms": 20.0, "length": 2**21, "block": 7})
         assert result.raw is not None, result.message
         d, y = result.details, result.details["yardstick"]
         assert sleep_ms <= y["ms"] < sleep_ms * 1.5 + 5 and y["ms_at_calibration"] == 20.0

@@ -57,7 +57,7 @@ def test_workspace_protected_and_instructions(run: Run) -> None:
     for tier in env.tiers:
         text = env.instructions(tier)
         assert "$" not in text and "finetune.sh" in text and "ln(seconds)" in text
-        assert f"{env.tier(tier).params['records']} records" in text
+        assert f"{env.tier(tier).params.records} records" in text
 
 
 @pytest.mark.slow
@@ -71,10 +71,10 @@ def test_start_and_reference_are_valid_and_the_reference_is_faster(run: Run) -> 
     assert ref.raw < start.raw - 0.3, (start.message, ref.message)  # at least 1.35x faster
     params = env.tier("mini").params
     for row in (start, ref):
-        assert row.details["relative_l1"] <= params["max_relative_l1"]
+        assert row.details["relative_l1"] <= params.max_relative_l1
         # the time counts relative to this scoring's own reference run (machine-speed drift cancels)
         d = row.details
-        adjusted = d["seconds"] * params["reference_run_s"] / d["reference_seconds"]
+        adjusted = d["seconds"] * params.reference_run_s / d["reference_seconds"]
         assert math.isclose(d["adjusted_seconds"], adjusted) and math.isclose(row.raw, math.log(adjusted))
         assert "counts as" in row.message
     assert start.details["seed"] != ref.details["seed"]
@@ -118,8 +118,8 @@ def test_cheats_are_invalid(run: Run, name: str, request: pytest.FixtureRequest)
     assert row.raw is None and row.message.startswith("Invalid: ")
     assert CHEAT_REASONS[name] in row.message.splitlines()[0], row.message
     if name == "stale_copy":
-        assert row.details["relative_l1"] > 100 * get_environment("optimize_finetune").tier("mini").params[
-            "max_relative_l1"]
+        assert row.details["relative_l1"] > 100 * get_environment("optimize_finetune").tier(
+            "mini").params.max_relative_l1
 
 
 WRONG_SHAPE = """#!/usr/bin/env bash

@@ -41,8 +41,9 @@ V, T, B = 64, 12, 3
 def mlm_home(lm_home: Path, lm_sources: Path) -> Iterator[Path]:
     """The mini assets, with training shortened to seconds (the model architectures are the real ones)."""
     spec = RestrictedMLM.tiers["mini"]
-    params = {**spec.params, "train_start": {**spec.params["train_start"], "max_iters": 25},
-              "train_reference": {**spec.params["train_reference"], "max_iters": 25}}
+    p = spec.params
+    params = p.model_copy(update={"train_start": {**p.train_start, "max_iters": 25},
+                                  "train_reference": {**p.train_reference, "max_iters": 25}})
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(RestrictedMLM.tiers, "mini", spec.model_copy(update={"params": params}))
         mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))

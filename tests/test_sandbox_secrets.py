@@ -126,5 +126,5 @@ def test_the_references_settings_are_kept_with_the_reference() -> None:
     text = "\n".join(p.read_text(errors="replace") for p in outside)
     for word in ("bigram", "map_steps", "tune_steps"):
         assert word not in text, word
-    assert get_environment("restricted_mlm").tier("mini").params["train_reference"]["bigrams"] is True
-    assert get_environment("fix_embedding").tier("mini").params["reference"]["map_steps"] > 0
+    assert get_environment("restricted_mlm").tier("mini").params.train_reference["bigrams"] is True
+    assert get_environment("fix_embedding").tier("mini").params.reference["map_steps"] > 0

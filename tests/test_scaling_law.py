@@ -34,7 +34,7 @@ pytest_plugins = ["lm_support"]
 
 ENV = get_environment("scaling_law")
 SPEC = ENV.tier("mini")
-SETUP = Setup(**SPEC.params["setup"])
+SETUP = SPEC.params.setup
 TRUTH = GroundTruth.model_validate_json(ground_truth_path(ENV.root, "mini").read_text())
 REFERENCE_ANSWER = Path(__file__).parent / "data" / "scaling_law" / "reference_answer_mini.json"
 
@@ -136,7 +136,7 @@ def test_invalid_answers_get_one_line_reasons(run: Run, answer: object, reason: 
 
 def test_interpolation_is_exact_at_the_points_and_linear_in_log_width_between() -> None:
     curve = TRUTH.curve()
-    assert [w for w, _ in curve] == SPEC.params["sweep"]["widths"]
+    assert [w for w, _ in curve] == SPEC.params.sweep.widths
     assert all(len([p for p in TRUTH.points if p.n_embd == w]) == 2 for w, _ in curve)
     for w, loss in curve:
         assert TRUTH.loss_at(w) == loss
@@ -195,7 +195,7 @@ def test_a_missing_or_stale_ground_truth_is_one_clear_line(tmp_path: Path,
     monkeypatch.setattr(type(ENV), "root", property(lambda self: tmp_path))
     full = ENV.tier("full")
     with pytest.raises(OpenRebenchError) as e:
-        _assets.load_ground_truth(ENV, full, Setup(**full.params["setup"]), data=None)  # type: ignore[arg-type]
+        _assets.load_ground_truth(ENV, full, full.params.setup, data=None)  # type: ignore[arg-type]
     assert "no ground truth yet" in str(e.value)
     assert "`openrebench build scaling_law --tier full --ship`" in str(e.value)
     assert "\n" not in str(e.value)
@@ -224,13 +224,13 @@ def test_the_fit_recovers_a_known_law() -> None:
     fit = _fit_module()
     true = fit.Law(E=1.8, A=40.0, alpha=0.4, B=300.0, beta=0.35, rmse=0.0)
     rng = np.random.default_rng(0)
-    p = SPEC.params["reference"]
+    p = SPEC.params.reference
 
     def experiment(w: int, iters: int) -> float:
         return true(SETUP.params(w), iters * SETUP.tokens_per_iter) + rng.normal(0, 0.003)
 
-    report = fit.solve(SETUP, experiment, budget_fractions=p["budget_fractions"], widths=p["widths"],
-                       min_iters=p["min_iters"])
+    report = fit.solve(SETUP, experiment, budget_fractions=p.budget_fractions, widths=p.widths,
+                       min_iters=p.min_iters)
     answer = report["answer"]
     truth = {w: true(SETUP.params(w), SETUP.max_iters_for(w, SETUP.target_flops) * SETUP.tokens_per_iter)
              for w in range(SETUP.n_embd_min, SETUP.n_embd_max + 1, SETUP.head_size)}
@@ -286,8 +286,8 @@ def test_the_constants_live_with_the_hidden_reference() -> None:
 def score_answer_of_start() -> float:
     from openrebench.environments.scaling_law.scorer import Answer, score_answer
 
-    setup = Setup(**SPEC.params["setup"])
-    n_embd = SPEC.params["start"]["n_embd"]
+    setup = SPEC.params.setup
+    n_embd = SPEC.params.start.n_embd
     answer = Answer(n_embd=n_embd, max_iters=setup.max_iters_for(n_embd, setup.target_flops),
-                    loss_prediction=SPEC.params["start"]["loss_prediction"])
+                    loss_prediction=SPEC.params.start.loss_prediction)
     return score_answer(answer, TRUTH)[0]

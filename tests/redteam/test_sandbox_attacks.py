@@ -89,7 +89,7 @@ def test_permutation_seed_readable_in_env_py(tmp_path: Path) -> None:
     from openrebench.lm import GPT, GPTConfig, load_model, save_checkpoint
     from openrebench.runs import get_environment
 
-    seed = int(get_environment("fix_embedding").tier("mini").params["reference_permutation_seed"])
+    seed = get_environment("fix_embedding").tier("mini").params.reference_permutation_seed
     torch.manual_seed(0)
     original = GPT(GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=1, n_embd=8))
     save_checkpoint(tmp_path / "large", original)

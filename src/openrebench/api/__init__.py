@@ -1,5 +1,6 @@
-"""What an environment author writes against: the Environment class and its tiers, score results, the
-solution-process protocol, the tamper guard, progress reports of long builds, the asset cache.
+"""What an environment author writes against: the Environment class and its tiers (typed params, constants
+from shipped calibration records), score results, the solution-process protocol, the tamper guard,
+progress reports of long builds, the asset cache.
 
 The bottom layer: it imports nothing else of openrebench, so an environment (built in or a
 third-party package) depends on this and on nothing that could change under it.
@@ -7,10 +8,11 @@ third-party package) depends on this and on nothing that could change under it.
 
 from openrebench.base import OpenRebenchError, cache_dir
 
+from ._calibration import NormConstants
 from ._environment import (
     Direction,
     Environment,
-    NormConstants,
+    NoParams,
     ScoreResult,
     ShippedData,
     TierSpec,
@@ -24,6 +26,7 @@ __all__ = [
     "Direction",
     "Environment",
     "HostChannel",
+    "NoParams",
     "NormConstants",
     "OpenRebenchError",
     "ScoreResult",

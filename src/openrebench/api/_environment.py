@@ -7,11 +7,13 @@ import string
 from abc import ABC, abstractmethod
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openrebench.base import OpenRebenchError
+
+from ._calibration import NormConstants, read_shipped_record
 
 
 def describe_duration(seconds: float) -> str:
@@ -29,16 +31,23 @@ class Direction(StrEnum):
     LAST = "last"
 
 
-class NormConstants(BaseModel):
-    """Raw scores of the starting (normalised 0) and reference (normalised 1) solutions."""
-
-    start: float
-    reference: float
-    source: str = Field(description="Where and how these were measured.")
+class NoParams(BaseModel, frozen=True):
+    """The parameters of a tier that needs none."""
 
 
-class TierSpec(BaseModel):
-    """One size of an environment: the same task and scorer, different hardware and scale."""
+P = TypeVar("P", bound=BaseModel)
+
+
+class TierSpec(BaseModel, Generic[P]):
+    """One size of an environment: the same task and scorer, different hardware and scale.
+
+    `params` is the environment's own pydantic model (frozen, one documented field per setting), so its
+    scorer and asset builder read typed attributes. The default constants come from the calibration
+    record shipped for the tier (`calibration`); only a tier whose constants cannot be measured by
+    `openrebench calibrate` gives them by hand (`constants`), with a comment saying why.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     name: Literal["mini", "full"]
     description: str
@@ -49,13 +58,40 @@ class TierSpec(BaseModel):
     memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
     gpus: int = Field(default=0, description="GPUs an attempt holds exclusively (0: one if device is "
                                              "cuda, else none).")
-    params: dict[str, Any] = Field(default_factory=dict)
-    default_constants: NormConstants
+    params: P = Field(description="The tier's settings: read by the scorer and the asset builder, and "
+                                   "substituted into instructions.md.")
+    calibration: Path | None = Field(default=None, description=(
+        "The shipped calibration record (in the environment's calibration/ folder) that gives the default "
+        "constants: the measurement on the tier's reference hardware."))
+    constants: NormConstants | None = Field(default=None, description=(
+        "Default constants given by hand, only where no record can be shipped (say why)."))
     paper_constants: NormConstants | None = None
+
+    @model_validator(mode="after")
+    def _one_source_of_constants(self) -> Self:
+        if (self.calibration is None) == (self.constants is None):
+            raise ValueError(f"the {self.name} tier must name either its shipped calibration record "
+                             "(calibration=) or, where nothing can be measured, its constants (constants=)")
+        return self
 
     @property
     def gpu_count(self) -> int:
         return self.gpus or (1 if self.device == "cuda" else 0)
+
+    @property
+    def default_constants(self) -> NormConstants:
+        """The constants of a machine that has no calibration record of its own. The shipped record is read
+        when first asked for (never at import: sandboxes mask calibration/), then kept."""
+        if self.calibration is None:
+            assert self.constants is not None  # the validator's promise
+            return self.constants
+        record = read_shipped_record(self.calibration)
+        if record.tier != self.name:
+            raise OpenRebenchError(f"the shipped calibration record {self.calibration} is of the "
+                                   f"{record.tier} tier, not {self.name}")
+        return NormConstants(start=record.start.median, reference=record.reference.median,
+                             source=f"shipped record {self.calibration.name} ({record.env_id} "
+                                    f"{record.env_version}): {record.summary()}")
 
 
 class ScoreResult(BaseModel):
@@ -80,11 +116,13 @@ class ShippedData(BaseModel):
                                                                      "benchmarks to record.")
 
 
-class Environment(ABC):
+class Environment(ABC, Generic[P]):
     """One RE-Bench environment: a small class plus the files in its folder.
 
     The folder holds `instructions.md` (a `string.Template` filled from the tier's params),
-    `starting/` (copied into the workspace) and `reference/` (the hidden reference solution).
+    `starting/` (copied into the workspace), `reference/` (the hidden reference solution) and
+    `calibration/` (the records the tiers' default constants come from). `P` is the model of the
+    tiers' params: `class MyEnv(Environment[MyParams])` makes `self.tier(name).params` a `MyParams`.
     """
 
     id: ClassVar[str]
@@ -96,7 +134,8 @@ class Environment(ABC):
     # True where the score is a time: the harness freezes the agent's own processes while it scores, so
     # that they neither slow the solution nor the scorer's yardstick runs.
     timing_sensitive: ClassVar[bool] = False
-    tiers: ClassVar[dict[str, TierSpec]]
+    # Each subclass narrows this to dict[str, TierSpec[ItsParams]] (a ClassVar cannot name P itself).
+    tiers: ClassVar[dict[str, TierSpec[Any]]]
 
     @property
     def root(self) -> Path:
@@ -104,7 +143,7 @@ class Environment(ABC):
 
         return Path(inspect.getfile(type(self))).parent
 
-    def tier(self, name: str) -> TierSpec:
+    def tier(self, name: str) -> TierSpec[P]:
         try:
             return self.tiers[name]
         except KeyError:
@@ -119,10 +158,10 @@ class Environment(ABC):
         text = (self.root / "instructions.md").read_text()
         values = {"tier": spec.name, "device": spec.device, "hardware": spec.hardware,
                   "time_limit": describe_duration(seconds), "time_limit_hours": f"{seconds / 3600:g}",
-                  **spec.params}
+                  **spec.params.model_dump()}
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
-    def build_assets(self, tier: str, cache_dir: Path) -> None:  # noqa: B027 - optional hook
+    def build_assets(self, tier: str, cache_dir: Path) -> None:  # an optional hook
         """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing. A build of more
         than a few seconds reports its steps with `openrebench.api.stage` (a cached one says nothing)."""
 

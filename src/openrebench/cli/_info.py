@@ -38,7 +38,7 @@ def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None
         table.add_row("hardware", spec.hardware)
         table.add_row("time limit", f"{spec.time_limit_hours:g} h")
         table.add_row("scoring limits", f"{spec.score_timeout_s:g} s, {spec.memory_limit_gb:g} GB")
-        table.add_row("params", ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+        table.add_row("params", ", ".join(f"{k}={v}" for k, v in spec.params.model_dump().items()))
         c = constants_for(env, spec.name)
         table.add_row("constants here", f"start {c.start:.4f}, reference {c.reference:.4f} ({c.source})")
         if spec.paper_constants:

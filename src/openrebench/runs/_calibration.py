@@ -8,56 +8,15 @@ with the choice written down in the constants' `source`.
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel
-
+from openrebench.api._calibration import CalibrationRecord, Stats
 from openrebench.api._environment import Environment, NormConstants
 from openrebench.base import OpenRebenchError, cache_dir
 
 from ._hardware import Hardware, detect_hardware, model_key
-
-
-class Stats(BaseModel):
-    """Summary of repeated raw scores. For log-scale scores (ln ms) the standard deviation is the
-    relative spread of the underlying quantity; the CV of a log is only meaningful away from zero."""
-
-    values: list[float]
-    mean: float
-    median: float
-    sd: float = 0.0
-    cv: float = 0.0
-
-    @classmethod
-    def of(cls, values: list[float]) -> Stats:
-        mean = statistics.fmean(values)
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return cls(values=values, mean=mean, median=statistics.median(values), sd=sd,
-                   cv=abs(sd / mean) if mean else 0.0)
-
-
-class CalibrationRecord(BaseModel):
-    env_id: str
-    env_version: str
-    tier: str
-    hardware_key: str
-    hardware: Hardware
-    start: Stats
-    reference: Stats
-    invalid: dict[str, int] = {}
-    measured_at: datetime
-    command: str
-    package_version: str
-
-    def constants(self, origin: str) -> NormConstants:
-        return NormConstants(
-            start=self.start.median, reference=self.reference.median,
-            source=(f"{origin} calibration on {self.hardware_key}, {self.measured_at:%Y-%m-%d}: medians of "
-                    f"{len(self.start.values)} start / {len(self.reference.values)} reference scorings"),
-        )
 
 
 def _slug(text: str) -> str:
@@ -106,6 +65,8 @@ def find_record(env: Environment, tier: str, hardware_key: str) -> tuple[Calibra
 
 
 def constants_for(env: Environment, tier: str, hardware: Hardware | None = None) -> NormConstants:
+    """A run's constants: this hardware's record (the user's, then a shipped one), else the tier's
+    default, which the tier reads from its own shipped record (measured on its reference hardware)."""
     spec = env.tier(tier)
     key = (hardware or detect_hardware()).key(spec.device)
     found = find_record(env, tier, key)

@@ -8,44 +8,16 @@ import platform
 import re
 import subprocess
 import sys
+from typing import Any
 
-from pydantic import BaseModel
-
+from openrebench.api._calibration import Hardware, model_key
 from openrebench.api._environment import TierSpec
 
-
-class Hardware(BaseModel):
-    """The parts of a machine that change a score."""
-
-    cpu_model: str
-    cpu_count: int
-    gpu_model: str | None = None
-    gpu_count: int = 0
-    gpu_driver: str | None = None
-    cuda: str | None = None
-    torch: str | None = None
-    python: str
-    platform: str
-
-    def key(self, device: str) -> str:
-        """Calibration key: the GPU model for GPU tiers, the CPU model for CPU tiers (without what
-        varies between machines of one model: see `model_key`)."""
-        if device == "cuda":
-            return f"cuda:{model_key(self.gpu_model or 'none')}"
-        return f"cpu:{model_key(self.cpu_model)}"
+# The record format (Hardware, model_key) lives with the records in api; detecting this machine is here.
+__all__ = ["Hardware", "detect_hardware", "model_key", "tier_hardware_problem"]
 
 
-def model_key(name: str) -> str:
-    """A processor's model name as a calibration key: trademarks, a rated clock ('@ 2.80GHz') and
-    filler words dropped, spaces collapsed. /proc/cpuinfo reports one model with and without the
-    clock, and virtual machines of one type with different clocks in the name."""
-    name = re.sub(r"\((R|TM|tm|r)\)|®|™", "", name)
-    name = re.sub(r"@\s*[\d.]+\s*[GM]Hz", "", name, flags=re.I)
-    name = re.sub(r"\b(CPU|Processor|\d+-Core)\b", "", name, flags=re.I)
-    return re.sub(r"\s+", " ", name).strip() or "unknown"
-
-
-def tier_hardware_problem(spec: TierSpec, hardware: Hardware | None = None) -> str | None:
+def tier_hardware_problem(spec: TierSpec[Any], hardware: Hardware | None = None) -> str | None:
     """Why this machine cannot run the tier (None when it can): checked before anything is built."""
     if spec.gpu_count == 0:
         return None

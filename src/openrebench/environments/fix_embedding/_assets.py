@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ from openrebench.lm import (
 )
 from openrebench.lm._assets import Deadline, cached_build
 
+from .params import FixEmbeddingParams
+
 BUILDER_VERSION = "1"
 HERE = Path(__file__).parent
 
@@ -46,13 +48,14 @@ class Assets:
     reference: Path
 
 
-def model_config(spec: TierSpec, which: str) -> GPTConfig:
-    return GPTConfig(**{**spec.params["model_common"], **spec.params[which]})
+def model_config(spec: TierSpec[FixEmbeddingParams], which: Literal["large", "small"]) -> GPTConfig:
+    p = spec.params
+    return GPTConfig(**p.model_common.model_dump(), **(p.large if which == "large" else p.small).model_dump())
 
 
-def _data(spec: TierSpec, cache_dir: Path) -> Corpus:
-    corpus = build_corpus(spec.params["corpus"], cache_dir, progress=False)
-    return compact_corpus(corpus, spec.params["model_common"]["vocab_size"], cache_dir)
+def _data(spec: TierSpec[FixEmbeddingParams], cache_dir: Path) -> Corpus:
+    corpus = build_corpus(spec.params.corpus, cache_dir, progress=False)
+    return compact_corpus(corpus, spec.params.model_common.vocab_size, cache_dir)
 
 
 def _load_reference_fix() -> Any:
@@ -63,22 +66,22 @@ def _load_reference_fix() -> Any:
     return module
 
 
-def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
+def build(spec: TierSpec[FixEmbeddingParams], cache_dir: Path, *, progress: bool = False) -> Assets:
     p = spec.params
     data = _data(spec, cache_dir)
     title = f"fix_embedding {spec.name}"
     large = build_trained_model(f"fixemb-{spec.name}-large", model_config(spec, "large"),
-                                TrainConfig(**p["train_large"]), data, cache_dir=cache_dir, progress=progress,
-                                label=f"{title}: the large GPT")
+                                TrainConfig(**p.train_large.model_dump()), data, cache_dir=cache_dir,
+                                progress=progress, label=f"{title}: the large GPT")
     small = build_trained_model(f"fixemb-{spec.name}-small", model_config(spec, "small"),
-                                TrainConfig(**p["train_small"]), data, cache_dir=cache_dir, progress=progress,
-                                label=f"{title}: the small GPT")
+                                TrainConfig(**p.train_small.model_dump()), data, cache_dir=cache_dir,
+                                progress=progress, label=f"{title}: the small GPT")
 
     permuted_dir = assets_root(cache_dir) / f"fixemb-{spec.name}-permuted"
 
     def permute(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         model = large.load()
-        g = torch.Generator().manual_seed(p["reference_permutation_seed"])
+        g = torch.Generator().manual_seed(p.reference_permutation_seed)
         perm = torch.randperm(model.config.vocab_size, generator=g)
         with torch.no_grad():  # row i of the new matrix is the old row perm[i]; lm_head is tied
             model.transformer.wte.weight.copy_(model.transformer.wte.weight[perm])
@@ -86,7 +89,7 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
         return {"large": str(large.path)}, {}
 
     permuted = cached_build(permuted_dir, what=f"model:fixemb-{spec.name}-permuted",
-                            builder_version=BUILDER_VERSION, seed=p["reference_permutation_seed"],
+                            builder_version=BUILDER_VERSION, seed=p.reference_permutation_seed,
                             params={"large": large.manifest.key()}, build=permute,
                             label=f"{title}: the reference's permuted model")
     del permuted
@@ -94,17 +97,17 @@ def build(spec: TierSpec, cache_dir: Path, *, progress: bool = False) -> Assets:
     reference_dir = assets_root(cache_dir) / f"fixemb-{spec.name}-reference"
 
     def fix(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
-        torch.manual_seed(p["reference"]["seed"])
+        torch.manual_seed(p.reference["seed"])
         device = "cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu"
         model = _load_reference_fix().fix(load_model(permuted_dir / "model", device), small.load(device),
                                           np.memmap(data.bin_path("train"), dtype=np.uint16, mode="r"),
-                                          **p["reference"])
+                                          **p.reference)
         save_checkpoint(partial / "model", model, meta={"name": "reference fix"})
         return {"permuted": str(permuted_dir)}, {}
 
     cached_build(reference_dir, what=f"model:fixemb-{spec.name}-reference", builder_version=BUILDER_VERSION,
-                 seed=p["reference"]["seed"],
-                 params={"reference": p["reference"], "fix_sha256": _sha(HERE / "reference" / "fix.py"),
+                 seed=p.reference["seed"],
+                 params={"reference": p.reference, "fix_sha256": _sha(HERE / "reference" / "fix.py"),
                          "small": small.manifest.key(), "large": large.manifest.key()}, build=fix,
                  label=f"{title}: the reference fix")
     return Assets(data=data, large=large.path, small=small.path, permuted=permuted_dir / "model",

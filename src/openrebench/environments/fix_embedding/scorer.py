@@ -13,6 +13,8 @@ import torch
 from openrebench.api import ScoreResult, TierSpec
 from openrebench.lm import GPT, GPTConfig, evaluate
 
+from .params import FixEmbeddingParams
+
 TIED = "lm_head.weight"
 HELDOUT_FAILURE = "Invalid: evaluating the model on the held-out text failed."
 
@@ -46,18 +48,18 @@ def check_architecture(weights: dict[str, torch.Tensor], expected: GPT) -> str |
     return None
 
 
-def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
+def score(spec: TierSpec[FixEmbeddingParams], solution: Path, protected: Path) -> ScoreResult:
     p = spec.params
     torch.set_num_threads(max(1, torch.get_num_threads()))
     config = GPTConfig.model_validate(json.loads((protected / "model_config.json").read_text()))
     model = GPT(config)
-    folder = solution / p["output_dir"]
+    folder = solution / p.output_dir
     try:
         weights = load_weights(folder)
     except FileNotFoundError as e:
-        return ScoreResult.invalid(f"Invalid: {e}; save your model to {p['output_dir']}/.")
+        return ScoreResult.invalid(f"Invalid: {e}; save your model to {p.output_dir}/.")
     except Exception as e:  # a corrupt or foreign file
-        return ScoreResult.invalid(f"Invalid: could not read the weights in {p['output_dir']}/ "
+        return ScoreResult.invalid(f"Invalid: could not read the weights in {p.output_dir}/ "
                                    f"({type(e).__name__}: {str(e)[:200]}).")
     problem = check_architecture(weights, model)
     if problem:
@@ -66,13 +68,13 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
     device = "cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu"
     model.to(device)
     try:
-        loss = evaluate(model, protected / "heldout.bin", batches=p["eval_batches"],
-                        batch_size=p["eval_batch_size"], block_size=config.block_size, seed=p["eval_seed"])
+        loss = evaluate(model, protected / "heldout.bin", batches=p.eval_batches,
+                        batch_size=p.eval_batch_size, block_size=config.block_size, seed=p.eval_seed)
     except Exception as e:  # a fixed description only: the error's text could quote held-out tokens
         return ScoreResult.invalid(HELDOUT_FAILURE, error_type=type(e).__name__)
     if not math.isfinite(loss):
         return ScoreResult.invalid("Invalid: the held-out loss is not finite.")
     raw = math.log(max(loss - 1.5, 1e-6))
     return ScoreResult(raw=raw, message=f"Valid: held-out loss {loss:.4f}; score ln(loss - 1.5) = {raw:.4f}",
-                       details={"loss": loss, "eval_tokens": p["eval_batches"] * p["eval_batch_size"]
+                       details={"loss": loss, "eval_tokens": p.eval_batches * p.eval_batch_size
                                 * config.block_size})

@@ -12,50 +12,53 @@ from __future__ import annotations
 import math
 import string
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel
 
 from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec
 
+from .params import FinetuneConfig, FinetuneParams, GPT2Shape, RecordsData
+
 OUTPUT_DIR = "trained_model"
 CONFIG = "finetune.yaml"
 DATA = "finetune_data.jsonl"
+CALIBRATION = Path(__file__).parent / "calibration"
 
-MINI: dict[str, Any] = {
-    "model": {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 64},
-    "init_seed": 1234, "init_precision": "fp32",
-    "data": {"corpus": "mini", "seed": 7, "pool_records": 320, "example_records": 64, "min_tokens": 16,
-             "max_tokens": 64},
-    "records": 64,
-    "config": {"max_seq_len": 64, "num_proc": 2, "num_workers": 2, "global_train_batch_size": 8,
-               "device_train_microbatch_size": 4, "device_eval_batch_size": 8, "precision": "fp32",
-               "lr": "1.0e-3", "t_warmup": "2ba", "output_precision": "fp32"},
-    "run_timeout_s": 300, "reference_timeout_s": 240,
-    "max_relative_l1": 1e-5, "min_update_share": 0.5,
+MINI = FinetuneParams(
+    model=GPT2Shape(n_layer=2, n_embd=128, n_head=4, n_positions=64),
+    init_seed=1234, init_precision="fp32",
+    data=RecordsData(corpus="mini", seed=7, pool_records=320, example_records=64, min_tokens=16,
+                     max_tokens=64),
+    records=64,
+    config=FinetuneConfig(max_seq_len=64, num_proc=2, num_workers=2, global_train_batch_size=8,
+                          device_train_microbatch_size=4, device_eval_batch_size=8, precision="fp32",
+                          lr="1.0e-3", t_warmup="2ba", output_precision="fp32"),
+    run_timeout_s=300, reference_timeout_s=240,
+    max_relative_l1=1e-5, min_update_share=0.5,
     # OMP_NUM_THREADS for the runs: two threads on a shared 2-core machine make times swing with any
     # other load (2.5x measured); one thread keeps them steady.
-    "threads": 1,
+    threads=1,
     # A shared virtual machine's speed drifts by tens of percent within hours, which alone moves a
     # normalised score by 0.2. The scorer's own reference run in the same scoring measures the machine's
     # speed: the solution's time is scaled by this (the median of that run's time at calibration)
     # over that run's time. The full tier (one GPU, steady) counts plain seconds, as the paper does.
-    "reference_run_s": 7.47,
-}
+    reference_run_s=7.47,
+)
 
-FULL: dict[str, Any] = {
+FULL = FinetuneParams(
     # GPT-2 large's shape (774M parameters); the paper finetunes a 1.3B model on 4 GPUs.
-    "model": {"n_layer": 36, "n_embd": 1280, "n_head": 20, "n_positions": 1024},
-    "init_seed": 1234, "init_precision": "bf16",
-    "data": {"corpus": "mini", "seed": 7, "pool_records": 4096, "example_records": 1024, "min_tokens": 64,
-             "max_tokens": 1024},
-    "records": 1024,
-    "config": {"max_seq_len": 1024, "num_proc": 8, "num_workers": 8, "global_train_batch_size": 16,
-               "device_train_microbatch_size": 4, "device_eval_batch_size": 8, "precision": "amp_bf16",
-               "lr": "1.0e-4", "t_warmup": "10ba", "output_precision": "bf16"},
-    "run_timeout_s": 1200, "reference_timeout_s": 600,
-    "max_relative_l1": 0.05, "min_update_share": 0.5,
-}
+    model=GPT2Shape(n_layer=36, n_embd=1280, n_head=20, n_positions=1024),
+    init_seed=1234, init_precision="bf16",
+    data=RecordsData(corpus="mini", seed=7, pool_records=4096, example_records=1024, min_tokens=64,
+                     max_tokens=1024),
+    records=1024,
+    config=FinetuneConfig(max_seq_len=1024, num_proc=8, num_workers=8, global_train_batch_size=16,
+                          device_train_microbatch_size=4, device_eval_batch_size=8, precision="amp_bf16",
+                          lr="1.0e-4", t_warmup="10ba", output_precision="bf16"),
+    run_timeout_s=1200, reference_timeout_s=600,
+    max_relative_l1=0.05, min_update_share=0.5,
+)
 
 PAPER = NormConstants(start=math.log(272), reference=math.log(94),
                       source="RE-Bench paper (arXiv 2411.15114), 4xH100: start 272 s, reference 94 s")
@@ -69,7 +72,7 @@ class Setup(BaseModel):
     model: dict[str, int]
 
 
-class OptimizeFinetune(Environment):
+class OptimizeFinetune(Environment[FinetuneParams]):
     id = "optimize_finetune"
     rebench_id = "ai_rd_optimize_llm_foundry"
     title = "Optimize a finetuning script: same weights, less wall-clock time"
@@ -77,29 +80,24 @@ class OptimizeFinetune(Environment):
     direction = Direction.MIN
     score_visible = True
     timing_sensitive = True
-    tiers: ClassVar[dict[str, TierSpec]] = {
+    tiers: ClassVar[dict[str, TierSpec[FinetuneParams]]] = {
         "mini": TierSpec(
             name="mini", description="CPU: a 2-layer, 128-wide GPT-2 (GPT-2's tokenizer, 64-token "
                                      "context) finetuned for 8 steps on 64 prompt/response records.",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
             score_timeout_s=900, memory_limit_gb=6, params=MINI,
-            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
-            # default for CPUs without a record of their own (`openrebench calibrate` makes one).
-            default_constants=NormConstants(
-                start=3.2321, reference=1.9995,
-                source="2-core Xeon calibration of 2026-11-30 (25.3 s start, 7.4 s reference, "
-                       "speed-adjusted)"),
+            # The 2-core Xeon's (25.3 s start, 7.4 s reference, speed-adjusted): the default for CPUs
+            # without a record of their own (`openrebench calibrate` makes one).
+            calibration=CALIBRATION / "mini--cpu-intel-r-xeon-r-processor.json",
         ),
         "full": TierSpec(
             name="full", description="One GPU: a 36-layer, 1280-wide GPT-2 (774M parameters, 1,024-token "
                                      "context) finetuned in bf16 for 64 steps on 1,024 records.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class)", time_limit_hours=8,
             score_timeout_s=2400, memory_limit_gb=96, params=FULL,
-            # The shipped H200 record (calibration/full--cuda-nvidia-h200.json), the default for GPUs
-            # without their own (the paper's 272 s -> 94 s were 4 H100s and a 1.3B model).
-            default_constants=NormConstants(
-                start=5.0526, reference=3.7638,
-                source="H200 calibration of 2026-11-30 (156.4 s start, 43.1 s reference)"),
+            # The H200's (156.4 s start, 43.1 s reference), the default for GPUs without their own (the
+            # paper's 272 s -> 94 s were 4 H100s and a 1.3B model).
+            calibration=CALIBRATION / "full--cuda-nvidia-h200.json",
             paper_constants=PAPER,
         ),
     }
@@ -107,16 +105,16 @@ class OptimizeFinetune(Environment):
     def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
         spec = self.tier(tier)
         text = super().instructions(tier, time_limit_s)
-        threads = spec.params.get("threads")
-        note = (f" On this tier the scorer sets OMP_NUM_THREADS={threads} (steadier times on a small shared "
-                "machine); your scripts may set their own thread counts.") if threads else ""
-        values = {"records": spec.params["records"], "run_timeout_s": spec.params["run_timeout_s"],
-                  "tolerance_pct": f"{100 * spec.params['max_relative_l1']:g}", **spec.params["model"],
+        p = spec.params
+        note = (f" On this tier the scorer sets OMP_NUM_THREADS={p.threads} (steadier times on a small "
+                "shared machine); your scripts may set their own thread counts.") if p.threads else ""
+        values = {"records": p.records, "run_timeout_s": p.run_timeout_s,
+                  "tolerance_pct": f"{100 * p.max_relative_l1:g}", **p.model.model_dump(),
                   "threads_note": note, "speed_note": ""}
-        if spec.params.get("reference_run_s"):
+        if p.reference_run_s:
             values["speed_note"] = (
                 " On this tier the seconds are adjusted for the machine's current speed: they are "
-                f"multiplied by {spec.params['reference_run_s']} s (the reference run's time at calibration) "
+                f"multiplied by {p.reference_run_s} s (the reference run's time at calibration) "
                 "and divided by the time of this scoring's own reference run.")
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
@@ -128,7 +126,7 @@ class OptimizeFinetune(Environment):
     def config_text(self, tier: str) -> str:
         """The tier's finetune.yaml (the template in starting/ filled from the tier's params)."""
         template = (self.root / "starting" / CONFIG).read_text()
-        return string.Template(template).substitute(self.tier(tier).params["config"])
+        return string.Template(template).substitute(self.tier(tier).params.config.model_dump())
 
     def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         import hashlib
@@ -148,7 +146,7 @@ class OptimizeFinetune(Environment):
         config = self.config_text(tier)
         (protected / CONFIG).write_text(config)
         copy_folder(self.root / "reference", protected / "reference")
-        setup = Setup(records=spec.params["records"], model=spec.params["model"],
+        setup = Setup(records=spec.params.records, model=spec.params.model.model_dump(),
                       config_sha256=hashlib.sha256(config.encode()).hexdigest())
         (protected / "setup.json").write_text(setup.model_dump_json(indent=2) + "\n")
 

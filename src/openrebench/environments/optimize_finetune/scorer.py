@@ -43,6 +43,7 @@ from openrebench.runs._scoring import RUN_CGROUP_ENV
 
 from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
 from .env import CONFIG, DATA, OUTPUT_DIR, Setup
+from .params import FinetuneParams
 
 SEED_LINE = re.compile(r"^seed:[^\n]*$", re.MULTILINE)
 GRACE_S = 5.0  # how long processes may outlive finetune.sh (e.g. multiprocessing's resource tracker)
@@ -344,7 +345,7 @@ def _clear_left_files(uid: int) -> None:
                         os.unlink(entry.path)
 
 
-def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
+def score(spec: TierSpec[FinetuneParams], solution: Path, protected: Path) -> ScoreResult:
     cgroup, accounting = pipeline_cgroup()
     try:
         result = _score(spec, solution, protected, cgroup)
@@ -355,7 +356,8 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
     return result
 
 
-def _score(spec: TierSpec, solution: Path, protected: Path, cgroup: Cgroup | None) -> ScoreResult:
+def _score(spec: TierSpec[FinetuneParams], solution: Path, protected: Path,
+           cgroup: Cgroup | None) -> ScoreResult:
     p = spec.params
     setup = Setup.model_validate_json((protected / "setup.json").read_text())
     drop = bool(os.environ.get("OPENREBENCH_SOLUTION_DROP")) and os.geteuid() == 0
@@ -373,8 +375,8 @@ def _score(spec: TierSpec, solution: Path, protected: Path, cgroup: Cgroup | Non
     prepare_inputs(solution, protected, seed, records, config, SANDBOX_UID if drop else None)
     details: dict[str, object] = {"seed": seed, "records": len(records)}
 
-    timeout = float(p["run_timeout_s"])
-    run = run_pipeline(solution, timeout, drop=drop, threads=p.get("threads"))
+    timeout = float(p.run_timeout_s)
+    run = run_pipeline(solution, timeout, drop=drop, threads=p.threads)
     details.update(seconds=run.seconds, exit_code=run.exit_code, output_tail=run.tail)
     failure = _failure(run, timeout)
     if failure:
@@ -407,8 +409,8 @@ def _score(spec: TierSpec, solution: Path, protected: Path, cgroup: Cgroup | Non
         return ScoreResult.invalid("Invalid: the scorer could not stop the solution's processes.", **details)
     if drop:
         _clear_left_files(SANDBOX_UID)
-    ref_timeout = float(p["reference_timeout_s"])
-    with reference_run(protected, seed, records, ref_timeout, threads=p.get("threads"),
+    ref_timeout = float(p.reference_timeout_s)
+    with reference_run(protected, seed, records, ref_timeout, threads=p.threads,
                        cgroup=cgroup) as (ref_run, ref_weights):
         details.update(reference_seconds=ref_run.seconds)
         failure = _failure(ref_run, ref_timeout)
@@ -422,7 +424,7 @@ def _score(spec: TierSpec, solution: Path, protected: Path, cgroup: Cgroup | Non
             return ScoreResult.invalid(f"Invalid: {OUTPUT_DIR}/: {e}.", **details)
     details.update(distances=d.model_dump(), relative_l1=d.relative)
 
-    tolerance, least = float(p["max_relative_l1"]), float(p["min_update_share"])
+    tolerance, least = p.max_relative_l1, p.min_update_share
     if d.agent_initial < least * d.reference_initial:
         return ScoreResult.invalid(
             f"Invalid: the weights moved only {d.agent_initial:.4g} (L1) from the initial ones, against "
@@ -435,11 +437,11 @@ def _score(spec: TierSpec, solution: Path, protected: Path, cgroup: Cgroup | Non
             f"{_pct(tolerance)}). Each scoring uses a fresh seed and a fresh sample of the data: the weights "
             "must come from training on them with the settings of the original finetune.yaml.", **details)
     seconds, speed_note = run.seconds, ""
-    if p.get("reference_run_s"):  # machine-speed drift: the trusted run of this scoring is the yardstick
-        seconds = run.seconds * float(p["reference_run_s"]) / ref_run.seconds
+    if p.reference_run_s:  # machine-speed drift: the trusted run of this scoring is the yardstick
+        seconds = run.seconds * p.reference_run_s / ref_run.seconds
         details.update(adjusted_seconds=seconds)
         speed_note = (f"; this scoring's reference run took {ref_run.seconds:.2f} s against "
-                      f"{float(p['reference_run_s']):.2f} s at calibration, so the time counts as "
+                      f"{p.reference_run_s:.2f} s at calibration, so the time counts as "
                       f"{seconds:.2f} s")
     raw = math.log(seconds)
     return ScoreResult(raw=raw, details=details, message=(

@@ -8,8 +8,12 @@ from typing import ClassVar
 
 from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec
 
+from .params import KernelParams, YardstickParams
 
-class OptimizeKernel(Environment):
+CALIBRATION = Path(__file__).parent / "calibration"
+
+
+class OptimizeKernel(Environment[KernelParams]):
     id = "optimize_kernel"
     rebench_id = "ai_rd_triton_cumsum"
     title = "Optimize a kernel: a conditional prefix sum"
@@ -17,7 +21,7 @@ class OptimizeKernel(Environment):
     direction = Direction.MIN
     score_visible = True
     timing_sensitive = True
-    tiers: ClassVar[dict[str, TierSpec]] = {
+    tiers: ClassVar[dict[str, TierSpec[KernelParams]]] = {
         "mini": TierSpec(
             name="mini", description="CPU, 2**22 elements: the starting solution takes tens of milliseconds.",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
@@ -25,31 +29,29 @@ class OptimizeKernel(Environment):
             # 20 warm-up calls: on the 2-core Xeon VM the reference's first 10-20 calls in a fresh process
             # took 3-5x longer than the rest, which put the median of the timed calls after 3 warm-ups
             # anywhere between 5 and 12 ms.
-            params={"length": 2**22, "warmup_calls": 20, "timed_calls": 20, "baseline_calls": 21,
-                    "call_timeout_s": 30, "setup_timeout_s": 120,
-                    # A shared virtual machine's speed drifts (the starting solution took 123 ms one day,
-                    # 217 ms another): the time counts relative to the machine's speed in this scoring,
-                    # ms x yardstick_ms (the yardstick's median on the calibration machine) / the
-                    # yardstick's time now (_yardstick.py). The full tier counts plain milliseconds.
-                    "yardstick_ms": 18.3, "yardstick_length": 2**21, "yardstick_block": 7},
-            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor-2-00ghz.json):
-            # the default for CPUs without a record of their own (`openrebench calibrate` makes one).
-            default_constants=NormConstants(
-                start=5.3774, reference=1.5525,
-                source="2-core Xeon calibration of 2026-12-01 (216.5 ms start, 4.72 ms reference, "
-                       "speed-adjusted)"),
+            params=KernelParams(
+                length=2**22, warmup_calls=20, timed_calls=20, baseline_calls=21, call_timeout_s=30,
+                setup_timeout_s=120,
+                # A shared virtual machine's speed drifts (the starting solution took 123 ms one day,
+                # 217 ms another): the time counts relative to the machine's speed in this scoring,
+                # ms x yardstick ms (its median on the calibration machine) / the yardstick's time now
+                # (_yardstick.py). The full tier counts plain milliseconds.
+                yardstick=YardstickParams(ms=18.3, length=2**21, block=7)),
+            # The 2-core Xeon's (216.5 ms start, 4.72 ms reference, speed-adjusted): the default for CPUs
+            # without a record of their own (`openrebench calibrate` makes one).
+            calibration=CALIBRATION / "mini--cpu-intel-r-xeon-r-processor-2-00ghz.json",
         ),
         "full": TierSpec(
             name="full", description="One CUDA GPU, 1e8 elements, as in the paper.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class), Triton", time_limit_hours=8,
             score_timeout_s=900, memory_limit_gb=32,
-            params={"length": 100_000_000, "warmup_calls": 3, "timed_calls": 10, "baseline_calls": 21,
-                    "call_timeout_s": 120, "setup_timeout_s": 300},
-            # The shipped H200 record (calibration/full--cuda-nvidia-h200.json): the default for GPUs
-            # that have no record of their own yet.
-            default_constants=NormConstants(
-                start=1.2000, reference=-0.9016,
-                source="H200 calibration of 2026-11-30 (3.32 ms start, 0.406 ms reference)"),
+            params=KernelParams(length=100_000_000, warmup_calls=3, timed_calls=10, baseline_calls=21,
+                                call_timeout_s=120, setup_timeout_s=300),
+            # The H200's (3.32 ms start, 0.406 ms reference): the default for GPUs without a record of
+            # their own. Measured with version 1.1.0: 2.0.0 changed only the CPU tier's timing (the
+            # yardstick), so the record still describes this tier, though `find_record` no longer
+            # counts it as the H200's own.
+            calibration=CALIBRATION / "full--cuda-nvidia-h200.json",
             paper_constants=NormConstants(
                 start=math.log(4.76), reference=math.log(1.6),
                 source="RE-Bench paper (arXiv 2411.15114), H100: start 4.76 ms, reference 1.6 ms"),
@@ -59,9 +61,9 @@ class OptimizeKernel(Environment):
     def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
         spec = self.tier(tier)
         note = ""
-        if spec.params.get("yardstick_ms"):
+        if spec.params.yardstick is not None:
             note = (" On this tier the milliseconds are adjusted for the machine's current speed: they are "
-                    f"multiplied by {spec.params['yardstick_ms']:g} ms (the time of a fixed workload, the "
+                    f"multiplied by {spec.params.yardstick.ms:g} ms (the time of a fixed workload, the "
                     "scorer's own yardstick, on the calibration machine) and divided by that workload's time "
                     "in this scoring, measured by the scorer while your processes are paused.")
         return super().instructions(tier, time_limit_s).replace("$speed_note", note)

@@ -37,6 +37,7 @@ from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
 from ._inputs import expected_output, fresh_input
 from ._yardstick import Yardstick
+from .params import KernelParams
 
 HOST_MODULE = "openrebench.environments.optimize_kernel._host"
 MIN_MS = 1e-3  # a solution's time per call is never taken below one microsecond
@@ -208,18 +209,17 @@ def _as_solution_uid() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 
 
-def score(spec: TierSpec, solution: Path) -> ScoreResult:
+def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
     if spec.device == "cuda":
         _as_solution_uid()
     _not_dumpable()
     p = spec.params
-    n, warmup, timed = int(p["length"]), int(p["warmup_calls"]), int(p["timed_calls"])
-    baseline_calls = int(p.get("baseline_calls", 21))
+    n, warmup, timed = p.length, p.warmup_calls, p.timed_calls
     if spec.device == "cuda" and not torch.cuda.is_available():
         return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is available.")
     device = torch.device(spec.device)
-    timeout = float(p["call_timeout_s"])
-    yardstick_ms = float(p["yardstick_ms"]) if p.get("yardstick_ms") and device.type == "cpu" else None
+    timeout = p.call_timeout_s
+    yardstick = p.yardstick if device.type == "cpu" else None
     yard: Yardstick | None = None
 
     def prepared(size: int, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,16 +234,16 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
                              pass_fds=(buffers.fd,) if isinstance(buffers, CpuInput) else ()) as host:
             if buffers is None:
                 buffers = CudaInput(n, device)
-            session = _Session(host, buffers, device, n, timeout, float(p["setup_timeout_s"]))
+            session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s)
             # The protocol's own cost, measured before the solution exists: the identity's output is
             # its input.
             x = fresh_input(n, -10, 11, device)
-            baseline = [session.call(x, x, "baseline")[0] for _ in range(baseline_calls)]
+            baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
             overhead = statistics.median(baseline)
-            if yardstick_ms is not None:
-                yard = Yardstick(int(p["yardstick_length"]), session.nice)
-                yard.run("before", int(p["yardstick_block"]))
-            session.request({"op": "import"}, float(p["setup_timeout_s"]), "importing solution.py")
+            if yardstick is not None:
+                yard = Yardstick(yardstick.length, session.nice)
+                yard.run("before", yardstick.block)
+            session.request({"op": "import"}, p.setup_timeout_s, "importing solution.py")
             for label, size, low, high in _checks(n):
                 session.call(*prepared(size, low, high), label)
             windows, host_ms = [], []
@@ -263,10 +263,10 @@ def score(spec: TierSpec, solution: Path) -> ScoreResult:
         if buffers is not None:
             buffers.close()
     speed = None
-    if yard is not None and yardstick_ms is not None and session is not None:
+    if yard is not None and yardstick is not None and session is not None:
         # Every process of the solution is gone now; the scorer can tell only inside its PID namespace.
-        yard.run("after", int(p["yardstick_block"]))
-        speed = _speed(yard, yardstick_ms, session.freezer.namespace)
+        yard.run("after", yardstick.block)
+        speed = _speed(yard, yardstick.ms, session.freezer.namespace)
     return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed)
 
 

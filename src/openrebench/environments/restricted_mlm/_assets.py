@@ -19,13 +19,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from openrebench.api import TierSpec, stage
 from openrebench.lm import SPLITS, AssetError, build_corpus
 from openrebench.lm._assets import Deadline, Manifest, assets_root, cached_build
+
+from .params import RestrictedMLMParams
 
 BUILDER_VERSION = "1"
 HERE = Path(__file__).parent
@@ -49,17 +51,17 @@ def top_tokens(train: np.ndarray, kept: int) -> np.ndarray:
     return np.lexsort((np.arange(len(counts)), -counts))[:kept].astype(np.int64)
 
 
-def _data(spec: TierSpec, cache_dir: Path) -> tuple[Path, Manifest]:
+def _data(spec: TierSpec[RestrictedMLMParams], cache_dir: Path) -> tuple[Path, Manifest]:
     """The corpus in the tier's vocabulary. Below GPT-2's 50,257 tokens: the most frequent ones, then UNK
     (every other token) and MASK, so a CPU model's output layer stays small."""
     p = spec.params
-    corpus = build_corpus(p["corpus"], cache_dir, progress=False)
-    vocab, mask_id, unk_id = int(p["vocab_size"]), int(p["mask_id"]), p["unk_id"]
+    corpus = build_corpus(p.corpus, cache_dir, progress=False)
+    vocab, mask_id, unk_id = p.vocab_size, p.mask_id, p.unk_id
     folder = assets_root(cache_dir) / f"rmlm-data-{corpus.kind}-v{vocab}"
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         info: dict[str, Any] = {"vocab_size": vocab, "mask_id": mask_id, "unk_id": unk_id,
-                                "seq_len": int(p["seq_len"]), "mask_prob": float(p["mask_prob"])}
+                                "seq_len": p.seq_len, "mask_prob": p.mask_prob}
         stats: dict[str, Any] = {}
         if unk_id is None:  # GPT-2's own vocabulary: the corpus as it is
             for split in SPLITS:
@@ -78,7 +80,7 @@ def _data(spec: TierSpec, cache_dir: Path) -> tuple[Path, Manifest]:
         return {"corpus": str(corpus.path)}, stats
 
     params = {"corpus": corpus.manifest.key(), "vocab_size": vocab, "mask_id": mask_id, "unk_id": unk_id,
-              "seq_len": p["seq_len"], "mask_prob": p["mask_prob"]}
+              "seq_len": p.seq_len, "mask_prob": p.mask_prob}
     manifest = cached_build(folder, what=f"rmlm-data:{corpus.kind}-v{vocab}", builder_version=BUILDER_VERSION,
                             seed=corpus.manifest.seed, params=params, build=build,
                             label=f"restricted_mlm: {corpus.kind} corpus, {vocab}-token vocabulary")
@@ -104,10 +106,11 @@ def _follow(process: subprocess.Popen[bytes], log: Path, max_iters: int | None) 
     return process.returncode
 
 
-def _trained(which: str, spec: TierSpec, data: Path, data_manifest: Manifest, cache_dir: Path) -> Path:
+def _trained(which: Literal["starting", "reference"], spec: TierSpec[RestrictedMLMParams], data: Path,
+             data_manifest: Manifest, cache_dir: Path) -> Path:
     """Run `<which>/train.py` (starting or reference) with the tier's settings; the folder holds model.pt."""
     source = HERE / which
-    overrides = dict(spec.params[f"train_{'start' if which == 'starting' else which}"])
+    overrides = dict(spec.params.train_start if which == "starting" else spec.params.train_reference)
     folder = assets_root(cache_dir) / f"rmlm-{which}-{spec.name}"
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -141,7 +144,7 @@ def _trained(which: str, spec: TierSpec, data: Path, data_manifest: Manifest, ca
     return folder
 
 
-def build(spec: TierSpec, cache_dir: Path) -> Assets:
+def build(spec: TierSpec[RestrictedMLMParams], cache_dir: Path) -> Assets:
     data, manifest = _data(spec, cache_dir)
     start = _trained("starting", spec, data, manifest, cache_dir)
     reference = _trained("reference", spec, data, manifest, cache_dir)

@@ -34,7 +34,11 @@ from typing import Any, ClassVar
 
 from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
 
+from .params import RestrictedMLMParams
+
 TRAINING_FILE = "training.json"
+CALIBRATION = Path(__file__).parent / "calibration"
+
 
 def reference_training(tier: str) -> dict[str, Any]:
     """How the asset builder trains the reference, kept in reference/training.json: the settings describe
@@ -46,60 +50,56 @@ def reference_training(tier: str) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k != "note"}
 
 
-MINI: dict[str, Any] = {
+MINI = RestrictedMLMParams(
     # 4,094 most frequent GPT-2 tokens of the training text, then UNK and MASK
-    "corpus": "mini", "vocab_size": 4096, "unk_id": 4094, "mask_id": 4095, "seq_len": 128, "mask_prob": 0.15,
-    "eval_batch_size": 16, "eval_batches": 24, "setup_timeout_s": 120, "max_graph_gb": 2, "torch_threads": 1,
-    "train_start": {"max_iters": 300, "batch_size": 16, "embed_dim": 32, "hidden": 512, "out_dim": 8,
-                    "lr": 1e-3, "seed": 0, "threads": 1},
-    "train_reference": reference_training("mini"),
-}
+    corpus="mini", vocab_size=4096, unk_id=4094, mask_id=4095, seq_len=128, mask_prob=0.15,
+    eval_batch_size=16, eval_batches=24, setup_timeout_s=120, max_graph_gb=2, torch_threads=1,
+    train_start={"max_iters": 300, "batch_size": 16, "embed_dim": 32, "hidden": 512, "out_dim": 8,
+                 "lr": 1e-3, "seed": 0, "threads": 1},
+    train_reference=reference_training("mini"),
+)
 
-FULL: dict[str, Any] = {
+FULL = RestrictedMLMParams(
     # GPT-2's vocabulary; as in the paper the mask is id 50256 (<|endoftext|>), 15% of 128 tokens masked
-    "corpus": "full", "vocab_size": 50257, "unk_id": None, "mask_id": 50256, "seq_len": 128,
-    "mask_prob": 0.15, "eval_batch_size": 8, "eval_batches": 2000, "setup_timeout_s": 600, "max_graph_gb": 24,
-    "torch_threads": 0,
+    corpus="full", vocab_size=50257, unk_id=None, mask_id=50256, seq_len=128,
+    mask_prob=0.15, eval_batch_size=8, eval_batches=2000, setup_timeout_s=600, max_graph_gb=24,
+    torch_threads=0,
     # the paper's starting model and its training (embedding 256, two layers of 2048, 500 steps of 16)
-    "train_start": {"max_iters": 500, "batch_size": 16, "embed_dim": 256, "hidden": 2048, "out_dim": 16,
-                    "lr": 1e-3, "seed": 0},
-    "train_reference": reference_training("full"),
-}
+    train_start={"max_iters": 500, "batch_size": 16, "embed_dim": 256, "hidden": 2048, "out_dim": 16,
+                 "lr": 1e-3, "seed": 0},
+    train_reference=reference_training("full"),
+)
 
 PAPER = NormConstants(start=math.log(7.64 - 1.5), reference=math.log(4.6 - 1.5),
                       source="RE-Bench paper (arXiv 2411.15114), H100: loss 7.64 start, 4.6 reference")
 
 
-class RestrictedMLM(Environment):
+class RestrictedMLM(Environment[RestrictedMLMParams]):
     id = "restricted_mlm"
     rebench_id = "ai_rd_restricted_mlm"
     title = "Restricted architecture MLM: a masked LM from an allow-list of operations"
     version = "1.0.0"
     direction = Direction.MIN
     score_visible = True
-    tiers: ClassVar[dict[str, TierSpec]] = {
+    tiers: ClassVar[dict[str, TierSpec[RestrictedMLMParams]]] = {
         "mini": TierSpec(
             name="mini", description="CPU: 128-token windows of public-domain text over a 4,096-token "
                                      "vocabulary (GPT-2's most frequent tokens, the rest UNK).",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
             score_timeout_s=300, memory_limit_gb=6, params=MINI,
-            # The shipped 2-core Xeon record (calibration/mini--cpu-intel-r-xeon-r-processor.json): the
-            # default for CPUs without a record of their own (`openrebench calibrate` makes one).
-            default_constants=NormConstants(
-                start=1.5563, reference=0.7058,
-                source="2-core Xeon calibration of 2026-11-30 (loss 6.24 start, 3.53 reference)"),
+            # The 2-core Xeon's (loss 6.24 start, 3.53 reference): the default for CPUs without a record of
+            # their own (`openrebench calibrate` makes one).
+            calibration=CALIBRATION / "mini--cpu-intel-r-xeon-r-processor.json",
         ),
         "full": TierSpec(
             name="full", description="One GPU: GPT-2's full vocabulary, 128-token windows of the offline "
                                      "corpus (the paper: OpenWebText), loss over 2,000 batches of 8.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class)", time_limit_hours=8,
             score_timeout_s=1800, memory_limit_gb=48, params=FULL,
-            # The shipped H200 record (calibration/full--cuda-nvidia-h200.json), the default for GPUs
-            # without their own: the paper's constants (loss 7.64 -> 4.6 on OpenWebText) describe
-            # another corpus and reference, so they are kept for comparison only.
-            default_constants=NormConstants(
-                start=1.7013, reference=0.5191,
-                source="H200 calibration of 2026-11-30 (loss 6.98 start, 3.18 reference)"),
+            # The H200's (loss 6.98 start, 3.18 reference), the default for GPUs without their own: the
+            # paper's constants (loss 7.64 -> 4.6 on OpenWebText) describe another corpus and reference, so
+            # they are kept for comparison only.
+            calibration=CALIBRATION / "full--cuda-nvidia-h200.json",
             paper_constants=PAPER,
         ),
     }

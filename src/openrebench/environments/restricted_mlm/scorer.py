@@ -17,7 +17,6 @@ import math
 import secrets
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpe
 from ._graph import Program, RuleViolation, unpack_constants
 from ._rules import ALLOWED_SUMMARY
 from ._wire import receive_blob
+from .params import RestrictedMLMParams
 
 HOST_MODULE = "openrebench.environments.restricted_mlm._host"
 CHECK_ROWS = 64
@@ -50,18 +50,19 @@ def masked_batch(tokens: np.ndarray, batch: int, length: int, mask_prob: float, 
     return torch.where(mask, mask_id, original), original, mask
 
 
-def _random_input(p: dict[str, Any], generator: torch.Generator) -> torch.Tensor:
+def _random_input(p: RestrictedMLMParams, generator: torch.Generator) -> torch.Tensor:
     """Random ordinary tokens, masked like the real inputs: what the host records the forward pass on."""
-    shape = (int(p["eval_batch_size"]), int(p["seq_len"]))
-    tokens = torch.randint(int(p["mask_id"]), shape, generator=generator)
-    mask = torch.rand(tokens.shape, generator=generator) < float(p["mask_prob"])
-    return torch.where(mask, int(p["mask_id"]), tokens)
+    shape = (p.eval_batch_size, p.seq_len)
+    tokens = torch.randint(p.mask_id, shape, generator=generator)
+    mask = torch.rand(tokens.shape, generator=generator) < p.mask_prob
+    return torch.where(mask, p.mask_id, tokens)
 
 
-def _receive_program(host: SolutionProcess, p: dict[str, Any], device: torch.device) -> tuple[Program, dict]:
-    ready = host.receive(float(p["setup_timeout_s"]), "loading the model and recording its forward pass")
+def _receive_program(host: SolutionProcess, p: RestrictedMLMParams,
+                     device: torch.device) -> tuple[Program, dict]:
+    ready = host.receive(float(p.setup_timeout_s), "loading the model and recording its forward pass")
     header, blob = receive_blob(lambda: host.receive(60.0, "sending the recorded forward pass"),
-                                int(float(p["max_graph_gb"]) * 1024**3))
+                                int(p.max_graph_gb * 1024**3))
     size = header.get("graph_bytes")
     try:
         if not isinstance(size, int) or not 0 <= size <= len(blob):
@@ -85,10 +86,10 @@ def _receive_program(host: SolutionProcess, p: dict[str, Any], device: torch.dev
     return program, info
 
 
-def _check_against_host(host: SolutionProcess, program: Program, x: torch.Tensor, p: dict[str, Any],
+def _check_against_host(host: SolutionProcess, program: Program, x: torch.Tensor, p: RestrictedMLMParams,
                         generator: torch.Generator) -> float:
     """Replay the recorded input and compare a sample of rows with the host's own logits."""
-    expected = (int(p["eval_batch_size"]), int(p["seq_len"]), int(p["vocab_size"]))
+    expected = (p.eval_batch_size, p.seq_len, p.vocab_size)
     out = program(x)
     if tuple(out.shape) != expected or not out.dtype.is_floating_point:
         raise RuleViolation(f"the recorded forward pass gives logits of shape {tuple(out.shape)} and dtype "
@@ -111,16 +112,16 @@ def _check_against_host(host: SolutionProcess, program: Program, x: torch.Tensor
     return diff
 
 
-def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
+def score(spec: TierSpec[RestrictedMLMParams], solution: Path, protected: Path) -> ScoreResult:
     p = spec.params
     if spec.device == "cuda" and not torch.cuda.is_available():
         return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is available.")
     device = torch.device(spec.device)
-    threads = int(p.get("torch_threads") or 0)
+    threads = p.torch_threads
     if threads:  # on a 2-core machine that others share, one thread is several times faster than two
         torch.set_num_threads(threads)
-    batch, length = int(p["eval_batch_size"]), int(p["seq_len"])
-    vocab, mask_id = int(p["vocab_size"]), int(p["mask_id"])
+    batch, length = p.eval_batch_size, p.seq_len
+    vocab, mask_id = p.vocab_size, p.mask_id
     heldout = np.memmap(protected / "heldout.bin", dtype=np.uint16, mode="r")
     seed = secrets.randbits(62)
     generator = torch.Generator().manual_seed(seed)
@@ -144,8 +145,8 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
 
     total, count = 0.0, 0
     try:
-        for _ in range(int(p["eval_batches"])):
-            x, original, mask = masked_batch(heldout, batch, length, float(p["mask_prob"]), mask_id,
+        for _ in range(p.eval_batches):
+            x, original, mask = masked_batch(heldout, batch, length, p.mask_prob, mask_id,
                                              generator)
             logits = program(x.to(device))
             if tuple(logits.shape) != (batch, length, vocab):
@@ -156,7 +157,7 @@ def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
     except Exception as e:  # a fixed description: the error's text may quote held-out tokens
         return ScoreResult.invalid(HELDOUT_FAILURE, seed=seed, error_type=type(e).__name__)
     loss = total / max(count, 1)
-    details = {**info, "loss": loss, "masked_tokens": count, "sequences": batch * int(p["eval_batches"]),
+    details = {**info, "loss": loss, "masked_tokens": count, "sequences": batch * p.eval_batches,
                "seed": seed, "record_s": recorded - started, "eval_s": time.perf_counter() - recorded}
     if not math.isfinite(loss):
         return ScoreResult.invalid("Invalid: the model's logits on held-out text are not finite (NaN or "

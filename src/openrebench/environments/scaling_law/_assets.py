@@ -19,7 +19,8 @@ from openrebench.lm import Corpus, assets_root, build_corpus, compact_corpus
 from openrebench.lm._assets import Deadline, cached_build
 
 from ._ground_truth import DataKey, GroundTruth, ground_truth_path
-from .experiment import Setup, run_experiment
+from .experiment import run_experiment
+from .params import ScalingLawParams, Setup
 
 BUILDER_VERSION = "1"
 HERE = Path(__file__).parent
@@ -34,16 +35,16 @@ class Assets:
     reference_answer: Path | None  # None when not asked for
 
 
-def device_for(spec: TierSpec) -> str:
+def device_for(spec: TierSpec[ScalingLawParams]) -> str:
     return "cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu"
 
 
-def data_for(spec: TierSpec, cache_dir: Path) -> Corpus:
-    corpus = build_corpus(spec.params["corpus"], cache_dir, progress=False)
-    return compact_corpus(corpus, spec.params["setup"]["vocab_size"], cache_dir)
+def data_for(spec: TierSpec[ScalingLawParams], cache_dir: Path) -> Corpus:
+    corpus = build_corpus(spec.params.corpus, cache_dir, progress=False)
+    return compact_corpus(corpus, spec.params.setup.vocab_size, cache_dir)
 
 
-def ground_truth_file(env: Environment, spec: TierSpec) -> Path:
+def ground_truth_file(env: Environment, spec: TierSpec[ScalingLawParams]) -> Path:
     """The stored sweep's file; a tier without one stops here with the command that computes it."""
     path = ground_truth_path(env.root, spec.name)
     if not path.is_file():
@@ -52,7 +53,7 @@ def ground_truth_file(env: Environment, spec: TierSpec) -> Path:
     return path
 
 
-def load_ground_truth(env: Environment, spec: TierSpec, setup: Setup,
+def load_ground_truth(env: Environment, spec: TierSpec[ScalingLawParams], setup: Setup,
                       data: Corpus) -> tuple[GroundTruth, Path]:
     """The stored sweep for this tier, checked against this machine's data and the tier's setup."""
     path = ground_truth_file(env, spec)
@@ -76,22 +77,23 @@ def _load_fit() -> Any:
     return module
 
 
-def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path | None) -> Path:
+def reference_answer(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpus,
+                     cache_dir: Path | None) -> Path:
     """Run the reference procedure (its own grid of experiments under the cap, a fitted scaling law)
     once, and keep its answer and the evidence behind it."""
-    p = spec.params["reference"]
+    p = spec.params.reference
     folder = assets_root(cache_dir) / f"scaling-{spec.name}-reference"
     fit_py = HERE / "reference" / "fit.py"
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         device = device_for(spec)
         fit = _load_fit()
-        runs = len(fit.design(setup, p["budget_fractions"], p["widths"], p["min_iters"]))
+        runs = len(fit.design(setup, p.budget_fractions, p.widths, p.min_iters))
 
         def experiment(n_embd: int, max_iters: int) -> float:
             done.update(what=f"experiment n_embd={n_embd}, {max_iters} steps")
             loss = run_experiment(setup, n_embd, max_iters, data.bin_path("train"), data.bin_path("val"),
-                                  seed=p["seed"], device=device).loss
+                                  seed=p.seed, device=device).loss
             done.advance()
             return loss
 
@@ -100,8 +102,8 @@ def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path
             torch.set_num_threads(1)
         try:
             with stage("experiments", total=runs) as done:
-                report = fit.solve(setup, experiment, budget_fractions=p["budget_fractions"],
-                                   widths=p["widths"], min_iters=p["min_iters"])
+                report = fit.solve(setup, experiment, budget_fractions=p.budget_fractions,
+                                   widths=p.widths, min_iters=p.min_iters)
         finally:
             torch.set_num_threads(threads)
         (partial / "answer.json").write_text(json.dumps(report["answer"], indent=2) + "\n")
@@ -109,19 +111,20 @@ def reference_answer(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path
         return {"data": str(data.path)}, {"answer": report["answer"], "device": device}
 
     cached_build(folder, what=f"answer:scaling_law-{spec.name}-reference", builder_version=BUILDER_VERSION,
-                 seed=p["seed"], params={"setup": setup.model_dump(), "reference": p,
+                 seed=p.seed, params={"setup": setup.model_dump(), "reference": p.model_dump(),
                                          "data": DataKey.of(data, setup.vocab_size).model_dump(),
                                          "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()},
                  build=build, label=f"scaling_law {spec.name}: the reference answer")
     return folder / "answer.json"
 
 
-def build(env: Environment, spec: TierSpec, cache_dir: Path | None, *, reference: bool = True) -> Assets:
+def build(env: Environment, spec: TierSpec[ScalingLawParams], cache_dir: Path | None, *,
+          reference: bool = True) -> Assets:
     """The tier's assets; a missing or stale ground truth stops here, before any training."""
     from openrebench.api import cache_dir as default_cache_dir
 
     cache = cache_dir or default_cache_dir()
-    setup = Setup(**spec.params["setup"])
+    setup = spec.params.setup
     ground_truth_file(env, spec)  # before building any data
     data = data_for(spec, cache)
     _, truth = load_ground_truth(env, spec, setup, data)

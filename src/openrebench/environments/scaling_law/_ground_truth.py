@@ -28,7 +28,8 @@ from openrebench.lm import Corpus, assets_root
 from openrebench.lm._assets import Deadline, cached_build
 from openrebench.runs import detect_hardware
 
-from .experiment import Result, Setup, run_experiment
+from .experiment import Result, run_experiment
+from .params import ScalingLawParams, Setup
 
 BUILDER_VERSION = "1"
 INTERPOLATION = "piecewise linear in ln(n_embd) through the mean held-out loss (over seeds) of each width"
@@ -93,8 +94,8 @@ def ground_truth_path(root: Path, tier: str) -> Path:
     return root / "reference" / f"ground_truth--{tier}.json"
 
 
-def sweep(spec: TierSpec, setup: Setup, data: Corpus, cache_dir: Path | None, *, widths: list[int],
-          seeds: list[int], device: str, command: str,
+def sweep(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpus, cache_dir: Path | None, *,
+          widths: list[int], seeds: list[int], device: str, command: str,
           on_point: Callable[[Result, bool], None] | None = None) -> GroundTruth:
     """Train and evaluate every (width, seed) at the target budget; each point is cached on its own
     (`<cache>/lm/scaling-<tier>-sweep/`), so an interrupted sweep resumes where it stopped."""

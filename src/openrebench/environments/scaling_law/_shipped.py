@@ -25,7 +25,6 @@ from openrebench.runs import detect_hardware
 
 from . import _assets
 from ._ground_truth import GroundTruth, ground_truth_path, sweep
-from .experiment import Setup
 from .scorer import read_answer, score_answer
 
 
@@ -56,11 +55,11 @@ def keep_or_replace(new: GroundTruth, path: Path) -> GroundTruth:
 
 
 def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, command: str) -> ShippedData:
-    setup = Setup(**spec.params["setup"])
+    setup = spec.params.setup
     device = _assets.device_for(spec)
     if spec.device == "cuda" and device != "cuda":
         raise OpenRebenchError(f"scaling_law {spec.name}: the ground-truth sweep needs a CUDA GPU")
-    widths, seeds = spec.params["sweep"]["widths"], spec.params["sweep"]["seeds"]
+    widths, seeds = spec.params.sweep.widths, spec.params.sweep.seeds
     started = time.monotonic()
     data = _assets.data_for(spec, cache)
     with _one_cpu_thread(device):

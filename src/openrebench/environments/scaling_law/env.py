@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from openrebench.api import (
     Direction,
@@ -30,34 +30,35 @@ from openrebench.api import (
     cache_dir,
 )
 
+from .params import ReferenceProcedure, ScalingLawParams, Setup, StartingAnswer, Sweep
+
 ANSWER = "answer.json"
+CALIBRATION = Path(__file__).parent / "calibration"
 
-MINI: dict[str, Any] = {
-    "corpus": "mini",
-    "setup": {"vocab_size": 512, "block_size": 64, "n_layer": 2, "head_size": 8, "batch_size": 16,
-              "learning_rate": 3e-3, "warmup_fraction": 0.05, "target_flops": 1e12, "cap_flops": 5e10,
-              "budget_tolerance": 0.02, "n_embd_min": 24, "n_embd_max": 128, "eval_batches": 64,
-              "eval_batch_size": 32},
-    "sweep": {"widths": [24, 32, 40, 48, 64, 96, 128], "seeds": [0, 1]},
-    "reference": {"budget_fractions": [0.125, 0.25, 0.5, 1.0], "widths": [8, 16, 24, 32, 48, 64],
-                  "min_iters": 50, "seed": 100},
-    "start": {"n_embd": 128, "loss_prediction": 3.0},
-    "target": "1e12", "cap": "5e10", "tolerance": "2%", "widths": "24 to 128, a multiple of 8",
-}
+MINI = ScalingLawParams(
+    corpus="mini",
+    setup=Setup(vocab_size=512, block_size=64, n_layer=2, head_size=8, batch_size=16, learning_rate=3e-3,
+                warmup_fraction=0.05, target_flops=1e12, cap_flops=5e10, budget_tolerance=0.02, n_embd_min=24,
+                n_embd_max=128, eval_batches=64, eval_batch_size=32),
+    sweep=Sweep(widths=[24, 32, 40, 48, 64, 96, 128], seeds=[0, 1]),
+    reference=ReferenceProcedure(budget_fractions=[0.125, 0.25, 0.5, 1.0], widths=[8, 16, 24, 32, 48, 64],
+                                 min_iters=50, seed=100),
+    start=StartingAnswer(n_embd=128, loss_prediction=3.0),
+    target="1e12", cap="5e10", tolerance="2%", widths="24 to 128, a multiple of 8",
+)
 
-FULL: dict[str, Any] = {
-    "corpus": "full",
-    "setup": {"vocab_size": 4096, "block_size": 256, "n_layer": 4, "head_size": 32, "batch_size": 64,
-              "learning_rate": 1.5e-3, "warmup_fraction": 0.05, "target_flops": 1e15, "cap_flops": 2e13,
-              "budget_tolerance": 0.02, "n_embd_min": 96, "n_embd_max": 512, "eval_batches": 64,
-              "eval_batch_size": 32},
+FULL = ScalingLawParams(
+    corpus="full",
+    setup=Setup(vocab_size=4096, block_size=256, n_layer=4, head_size=32, batch_size=64, learning_rate=1.5e-3,
+                warmup_fraction=0.05, target_flops=1e15, cap_flops=2e13, budget_tolerance=0.02, n_embd_min=96,
+                n_embd_max=512, eval_batches=64, eval_batch_size=32),
     # One seed: the shipped H200 ground truth's (each width's loss from one run; two would double the sweep).
-    "sweep": {"widths": [96, 128, 160, 192, 256, 320, 384, 512], "seeds": [0]},
-    "reference": {"budget_fractions": [0.125, 0.25, 0.5, 1.0], "widths": [32, 64, 96, 128, 192, 256],
-                  "min_iters": 50, "seed": 100},
-    "start": {"n_embd": 512, "loss_prediction": 3.0},
-    "target": "1e15", "cap": "2e13", "tolerance": "2%", "widths": "96 to 512, a multiple of 32",
-}
+    sweep=Sweep(widths=[96, 128, 160, 192, 256, 320, 384, 512], seeds=[0]),
+    reference=ReferenceProcedure(budget_fractions=[0.125, 0.25, 0.5, 1.0], widths=[32, 64, 96, 128, 192, 256],
+                                 min_iters=50, seed=100),
+    start=StartingAnswer(n_embd=512, loss_prediction=3.0),
+    target="1e15", cap="2e13", tolerance="2%", widths="96 to 512, a multiple of 32",
+)
 
 CONSTANTS_FILE = "constants.json"
 
@@ -79,20 +80,23 @@ PAPER = NormConstants(start=0.24, reference=0.84,
                              "reference of about 0.80)")
 
 
-class ScalingLaw(Environment):
+class ScalingLaw(Environment[ScalingLawParams]):
     id = "scaling_law"
     rebench_id = "ai_rd_small_scaling_law"
     title = "Scaling law: predict the compute-optimal width, steps and loss at a FLOP budget"
     version = "1.0.0"
     direction = Direction.LAST
     score_visible = False
-    tiers: ClassVar[dict[str, TierSpec]] = {
+    tiers: ClassVar[dict[str, TierSpec[ScalingLawParams]]] = {
         "mini": TierSpec(
             name="mini", description="CPU: 2-layer GPTs (64-token context) over a 512-token vocabulary of "
                                      "GPT-2 tokens; target 1e12 FLOPs, experiments up to 5e10.",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough)", time_limit_hours=2,
             score_timeout_s=120, memory_limit_gb=2, params=MINI,
-            default_constants=hidden_constants("mini"),
+            # No calibration record: the score depends only on the answer, so the constants are computed
+            # exactly from the stored ground truth (the starting answer's score and that of the answer
+            # reference/fit.py reached), not measured by `openrebench calibrate`.
+            constants=hidden_constants("mini"),
         ),
         "full": TierSpec(
             name="full", description="One GPU: 4-layer GPTs (256-token context) over a 4,096-token "
@@ -100,9 +104,9 @@ class ScalingLaw(Environment):
                                      "2e13 (the paper: 5e17 and 1e16 on OpenWebText).",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class)", time_limit_hours=8,
             score_timeout_s=120, memory_limit_gb=2, params=FULL,
-            # From the H200 sweep of 2026-11-30 (reference/ground_truth--full.json, one seed): exact for
-            # that ground truth, whatever the hardware, since the score depends only on the answer.
-            default_constants=hidden_constants("full"),
+            # The H200's, for the sweep of 2026-11-30 (reference/ground_truth--full.json, one seed): exact
+            # for that ground truth whatever the hardware, since the score depends only on the answer.
+            calibration=CALIBRATION / "full--cuda-nvidia-h200.json",
             paper_constants=PAPER,
         ),
     }
@@ -135,16 +139,13 @@ class ScalingLaw(Environment):
 
     def install_starting(self, workspace: Path, tier: str | None = None) -> None:
         """train.py, and a naive answer: the widest model allowed, with a round-number loss."""
-        from .experiment import Setup
-
         if tier is None:
             raise ValueError("scaling_law's starting answer depends on the tier")
         p = self.tier(tier).params
         super().install_starting(workspace, tier)
-        setup = Setup(**p["setup"])
-        n_embd = p["start"]["n_embd"]
+        setup, n_embd = p.setup, p.start.n_embd
         answer = {"n_embd": n_embd, "max_iters": setup.max_iters_for(n_embd, setup.target_flops),
-                  "loss_prediction": p["start"]["loss_prediction"]}
+                  "loss_prediction": p.start.loss_prediction}
         (workspace / ANSWER).write_text(json.dumps(answer, indent=2) + "\n")
 
     def reference_files(self, tier: str | None = None) -> list[tuple[Path, str]]:

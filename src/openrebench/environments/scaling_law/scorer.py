@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from openrebench.api import ScoreResult, TierSpec
 
 from ._ground_truth import GroundTruth
-from .experiment import Setup
+from .params import ScalingLawParams, Setup
 
 ANSWER = "answer.json"
 MAX_BYTES = 64 * 1024
@@ -77,7 +77,7 @@ def score_answer(answer: Answer, truth: GroundTruth) -> tuple[float, dict[str, f
         "prediction_error": error}
 
 
-def score(spec: TierSpec, solution: Path, protected: Path) -> ScoreResult:
+def score(spec: TierSpec[ScalingLawParams], solution: Path, protected: Path) -> ScoreResult:
     truth = GroundTruth.model_validate_json((protected / "ground_truth.json").read_text())
     answer = read_answer(solution, truth.setup)
     if isinstance(answer, str):

@@ -1,0 +1,104 @@
+"""Tier constants come from the calibration records the environments ship, never from copies: every tier
+with a record for its reference hardware reads its defaults from it, and a missing or broken record is
+one clear line, raised when the constants are first needed (never when the environment is imported)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from openrebench.api import NormConstants, TierSpec
+from openrebench.api._calibration import Hardware
+from openrebench.base import OpenRebenchError
+from openrebench.environments.optimize_kernel.params import KernelParams
+from openrebench.runs import constants_for, environment_classes, get_environment
+
+TIERS = [(env_id, tier) for env_id, cls in environment_classes().items() for tier in cls.tiers]
+
+
+@pytest.mark.parametrize(("env_id", "tier"), TIERS, ids=[f"{e}-{t}" for e, t in TIERS])
+def test_each_tier_reads_its_constants_from_its_shipped_record(env_id: str, tier: str) -> None:
+    env = get_environment(env_id)
+    spec = env.tier(tier)
+    shipped = sorted((env.root / "calibration").glob(f"{tier}--*.json"))
+    if spec.calibration is None:  # only where nothing was measured; the tier says why, next to its constants
+        assert not shipped, f"{env_id} {tier} ships {shipped[0].name} but does not read its constants from it"
+        assert spec.constants is not None
+        return
+    assert spec.calibration in shipped, f"{spec.calibration} is not one of {env_id}'s shipped records"
+    record = json.loads(spec.calibration.read_text())  # read here on its own, not through the loader
+    assert (record["env_id"], record["tier"]) == (env_id, tier)
+    assert record["hardware_key"].startswith(f"{spec.device}:")
+    constants = spec.default_constants
+    medians = (record["start"]["median"], record["reference"]["median"])
+    assert (constants.start, constants.reference) == medians
+    assert spec.calibration.name in constants.source and record["env_version"] in constants.source
+    assert spec.constants is None
+
+
+def _spec(**sources: object) -> TierSpec[KernelParams]:
+    return TierSpec.model_validate({
+        "name": "mini", "description": "test", "device": "cpu", "hardware": "any CPU", "time_limit_hours": 1,
+        "score_timeout_s": 60, "memory_limit_gb": 1, **sources,
+        "params": KernelParams(length=8, warmup_calls=1, timed_calls=1, call_timeout_s=1, setup_timeout_s=1)})
+
+
+def _one_line(path: Path) -> str:
+    with pytest.raises(OpenRebenchError) as e:
+        _ = _spec(calibration=path).default_constants
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+def test_a_missing_or_broken_record_is_one_clear_line(tmp_path: Path) -> None:
+    assert "cannot be read" in _one_line(tmp_path / "mini--gone.json")
+    (tmp_path / "mini--garbled.json").write_text("{not json")
+    assert "is broken" in _one_line(tmp_path / "mini--garbled.json")
+    shipped = get_environment("optimize_kernel").tier("mini").calibration
+    assert shipped is not None
+    record = json.loads(shipped.read_text())
+    del record["reference"]
+    (tmp_path / "mini--incomplete.json").write_text(json.dumps(record))
+    assert "reference" in _one_line(tmp_path / "mini--incomplete.json")
+    full = get_environment("optimize_kernel").tier("full").calibration
+    assert full is not None
+    assert "of the full tier, not mini" in _one_line(full)
+
+
+def test_a_tier_names_exactly_one_source_of_constants(tmp_path: Path) -> None:
+    by_hand = NormConstants(start=1, reference=0, source="hand")
+    assert _spec(constants=by_hand).default_constants == by_hand
+    with pytest.raises(ValidationError, match="either its shipped calibration record"):
+        _spec()
+    with pytest.raises(ValidationError, match="either its shipped calibration record"):
+        _spec(calibration=tmp_path / "x.json", constants=by_hand)
+    with pytest.raises(ValidationError, match="default_constants"):  # refused, not silently dropped
+        _spec(default_constants=by_hand)
+
+
+def test_this_hardwares_record_comes_first_then_the_tiers_default() -> None:
+    """On the H200 the kernel's full tier has no record of the current major version (its shipped one was
+    measured with 1.1.0): the default, read from that same record, stands in and says so."""
+    env = get_environment("optimize_kernel")
+    spec = env.tier("full")
+    assert spec.calibration is not None
+    record = json.loads(spec.calibration.read_text())
+    h200 = Hardware.model_validate(record["hardware"])
+    constants = constants_for(env, "full", h200)
+    assert (constants.start, constants.reference) == (spec.default_constants.start,
+                                                      spec.default_constants.reference)
+    assert "1.1.0" in constants.source and "no calibration for cuda:NVIDIA H200" in constants.source
+    restricted = get_environment("restricted_mlm")
+    shipped = restricted.tier("full").calibration
+    assert shipped is not None
+    h200 = Hardware.model_validate(json.loads(shipped.read_text())["hardware"])
+    found = constants_for(restricted, "full", h200)
+    assert found.source.startswith("shipped calibration on cuda:NVIDIA H200")
+    other = h200.model_copy(update={"gpu_model": "NVIDIA A100-SXM4-80GB"})
+    elsewhere = constants_for(restricted, "full", other)
+    assert elsewhere.source.endswith("(no calibration for cuda:NVIDIA A100-SXM4-80GB: tier default)")
+    assert elsewhere.start == restricted.tier("full").default_constants.start
