@@ -48,7 +48,7 @@ class ToySum(Environment):
         "mini": TierSpec(
             name="mini", description="CPU, instant.", device="cpu", hardware="any CPU",
             time_limit_hours=0.5, score_timeout_s=120, memory_limit_gb=4,
-            default_constants=NormConstants(start=55.0, reference=0.0, source="the answers' distances")),
+            constants=NormConstants(start=55.0, reference=0.0, source="the answers' distances")),
     }
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:

@@ -109,7 +109,7 @@ def stored_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GroundTruth
     shutil.copyfile(REFERENCE_ANSWER, answer)
 
     def sweep(spec: Any, setup: Any, data: Any, cache: Any, *, command: str, **kwargs: Any) -> GroundTruth:
-        assert kwargs["widths"] == spec.params["sweep"]["widths"] and kwargs["seeds"] == [0, 1]
+        assert kwargs["widths"] == spec.params.sweep.widths and kwargs["seeds"] == [0, 1]
         return stored.model_copy(update={"command": command, "seconds": 1.0})
 
     monkeypatch.setattr(_shipped, "sweep", sweep)

@@ -58,8 +58,9 @@ class TierSpec(BaseModel, Generic[P]):
     memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
     gpus: int = Field(default=0, description="GPUs an attempt holds exclusively (0: one if device is "
                                              "cuda, else none).")
-    params: P = Field(description="The tier's settings: read by the scorer and the asset builder, and "
-                                   "substituted into instructions.md.")
+    params: P = Field(default_factory=NoParams,  # type: ignore[assignment] - a tier may need none
+                      description="The tier's settings: read by the scorer and the asset builder, and "
+                                  "substituted into instructions.md.")
     calibration: Path | None = Field(default=None, description=(
         "The shipped calibration record (in the environment's calibration/ folder) that gives the default "
         "constants: the measurement on the tier's reference hardware."))
