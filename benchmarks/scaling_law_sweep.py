@@ -31,10 +31,11 @@ import torch
 from openrebench.api import cache_dir, show_progress
 from openrebench.environments.scaling_law import _assets
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path, sweep
+from openrebench.environments.scaling_law.env import ANSWER
 from openrebench.environments.scaling_law.experiment import Result, Setup
 from openrebench.environments.scaling_law.scorer import read_answer, score_answer
 from openrebench.lm import load_manifest
-from openrebench.runs import calibrate, detect_hardware, get_environment, save_record
+from openrebench.runs import calibrate, detect_hardware, get_environment, place, save_record
 
 
 def main() -> None:
@@ -100,8 +101,7 @@ def main() -> None:
     scores = {}
     with tempfile.TemporaryDirectory() as tmp:
         start_ws = Path(tmp) / "start"
-        start_ws.mkdir()
-        env.install_starting(start_ws, spec.name)
+        place([p for p in env.files(spec.name, cache).workspace if p.dest == ANSWER], start_ws)
         for which, folder in (("start", start_ws), ("reference", answer_path.parent)):
             answer = read_answer(folder, setup)
             assert not isinstance(answer, str), f"the {which} answer is invalid: {answer}"

@@ -261,7 +261,7 @@ def demo(
     env.tier(tier)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = (directory or Path("runs") / f"demo-{env_id}-{tier}-{stamp}").absolute()
-    from openrebench.runs import start_run
+    from openrebench.runs import install_reference, start_run
 
     with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
         run, row = start_run(env_id, tier, directory)
@@ -269,7 +269,7 @@ def demo(
     _print_row(run, row)
     _print_constants(run)
     _fail_on_setup_infrastructure(run, row)
-    env.install_reference(run.workspace, tier)
+    install_reference(run)
     console.print("Reference solution put in place of the agent's.")
     _print_row(run, _score_with_status(run, "Scoring the reference solution"))
     rows, _ = run.rows()

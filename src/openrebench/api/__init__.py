@@ -1,5 +1,6 @@
 """What an environment author writes against: the Environment class and its tiers, score results, the
-solution-process protocol, the tamper guard, progress reports of long builds, the asset cache.
+files of a run, the solution-process protocol, the tamper guard, progress reports of long builds, the
+asset cache.
 
 The bottom layer: it imports nothing else of openrebench, so an environment (built in or a
 third-party package) depends on this and on nothing that could change under it.
@@ -8,6 +9,7 @@ third-party package) depends on this and on nothing that could change under it.
 from openrebench.base import OpenRebenchError, cache_dir
 
 from ._environment import Direction, Environment, NormConstants, ScoreResult, TierSpec, describe_duration
+from ._files import Placement, RunFiles, file_contents
 from ._guard import TamperGuard
 from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
 from ._protocol import HostChannel, SolutionError, SolutionProcess
@@ -18,6 +20,8 @@ __all__ = [
     "HostChannel",
     "NormConstants",
     "OpenRebenchError",
+    "Placement",
+    "RunFiles",
     "ScoreResult",
     "SolutionError",
     "SolutionProcess",
@@ -26,6 +30,7 @@ __all__ = [
     "TierSpec",
     "cache_dir",
     "describe_duration",
+    "file_contents",
     "progress_display",
     "reporting",
     "show_progress",

@@ -15,7 +15,7 @@ from inspect_ai.solver import TaskState
 from inspect_ai.tool import Tool, bash, python, tool
 from inspect_ai.util import sandbox
 
-from openrebench.api import Environment, OpenRebenchError, describe_duration
+from openrebench.api import Environment, OpenRebenchError, cache_dir, describe_duration, file_contents
 from openrebench.runs import (
     environment_classes,
     final_row,
@@ -76,13 +76,14 @@ ORACLE_SCORINGS = 3  # at most; timed environments on a shared 2-core machine va
 
 @agent
 def oracle() -> Agent:
-    """Needs no model: puts the reference solution in place through the sandbox and scores it."""
+    """Needs no model: writes the environment's declared reference files through the sandbox (as an
+    agent would write them) and scores them."""
 
     async def execute(state: AgentState) -> AgentState:
         box = _run_sandbox()
         env = get_environment(box.run.info.env_id)
-        for source, rel in env.reference_files(box.run.info.tier):
-            await box.write_file(rel, source.read_bytes())
+        for dest, data in file_contents(env.files(box.run.info.tier, cache_dir()).reference):
+            await box.write_file(dest, data)
         from inspect_ai.model import ChatMessageAssistant
 
         best: float | None = None
