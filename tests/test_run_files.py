@@ -45,15 +45,20 @@ def test_folders_are_placed_whole_in_order_without_caches(tmp_path: Path) -> Non
     (src / "sub" / "__pycache__").mkdir(parents=True)
     (src / "a.py").write_text("a")
     (src / "sub" / "b.sh").write_text("b")
-    (src / "sub" / "b.sh").chmod(0o755)
+    (src / "sub" / "b.sh").chmod(0o750)
+    (src / "sub" / "c.bin").write_text("c")
+    (src / "sub" / "c.bin").chmod(0o600)
     (src / "sub" / "__pycache__" / "b.pyc").write_text("cache")
     root = tmp_path / "root"
     written = place([Placement.copy(src, "dir"), Placement.text("dir/a.py", "later wins")], root)
-    assert written == ["dir/a.py", "dir/sub/b.sh", "dir/a.py"]
+    assert written == ["dir/a.py", "dir/sub/b.sh", "dir/sub/c.bin", "dir/a.py"]
     assert (root / "dir" / "a.py").read_text() == "later wins"
     assert not (root / "dir" / "sub" / "__pycache__").exists()
-    assert (root / "dir" / "sub" / "b.sh").stat().st_mode & 0o777 == 0o755  # scripts stay executable
-    assert dict(file_contents([Placement.copy(src, "d")])) == {"d/a.py": b"a", "d/sub/b.sh": b"b"}
+    # the same modes on every machine: scripts stay executable, everything is readable
+    assert [(root / "dir" / n).stat().st_mode & 0o777 for n in ("a.py", "sub/b.sh", "sub/c.bin")] == \
+        [0o644, 0o755, 0o644]
+    assert dict(file_contents([Placement.copy(src, "d")])) == {"d/a.py": b"a", "d/sub/b.sh": b"b",
+                                                               "d/sub/c.bin": b"c"}
 
 
 def test_a_missing_source_says_the_assets_are_not_built(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import stat
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -17,7 +18,11 @@ from ._run import Run
 def place(entries: Sequence[Placement], root: Path) -> list[str]:
     """Put the entries under `root` in order (a later one replaces an earlier one's file) and return
     the paths written. A file already there is replaced, not written through: a link left in its
-    place (by an agent, say) is removed, never followed, and no entry lands outside `root`."""
+    place (by an agent, say) is removed, never followed, and no entry lands outside `root`.
+
+    Copies are rw-r--r--, or rwxr-xr-x where the source is executable (a script), whatever the
+    source's other bits or the umask: a run's files are the same on every machine. A hard link is
+    the source's own file."""
     root = root.absolute()
     written: list[str] = []
     for entry in entries:
@@ -28,17 +33,24 @@ def place(entries: Sequence[Placement], root: Path) -> list[str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_symlink() or target.exists():
                 target.unlink()
-            if isinstance(what, bytes):
-                target.write_bytes(what)
-            elif entry.link:
-                try:
-                    target.hardlink_to(what)
-                except OSError:  # another file system, or links not allowed: a copy
-                    shutil.copy2(what, target)
-            else:
-                shutil.copy2(what, target)
+            _put(target, what, entry.link)
             written.append(dest)
     return written
+
+
+def _put(target: Path, what: Path | bytes, link: bool) -> None:
+    if isinstance(what, bytes):
+        target.write_bytes(what)
+        target.chmod(0o644)
+        return
+    if link:
+        try:
+            target.hardlink_to(what)
+            return
+        except OSError:  # another file system, or links not allowed: a copy
+            pass
+    shutil.copyfile(what, target)
+    target.chmod(0o755 if what.stat().st_mode & stat.S_IXUSR else 0o644)
 
 
 def _sha256(path: Path) -> str:
