@@ -41,9 +41,17 @@ from typing import Any
 from openrebench.api import OpenRebenchError, cache_dir
 from openrebench.environments.optimize_finetune._cheats import install_cheat
 from openrebench.environments.optimize_finetune._weights import Weights, distances
-from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
+from openrebench.environments.optimize_finetune.env import CONFIG, DATA, OUTPUT_DIR, Setup
 from openrebench.environments.optimize_finetune.scorer import prepare_inputs, run_pipeline, set_seed
-from openrebench.runs import calibrate, detect_hardware, get_environment, score_run, start_run
+from openrebench.runs import (
+    calibrate,
+    detect_hardware,
+    get_environment,
+    install_reference,
+    place,
+    score_run,
+    start_run,
+)
 
 
 class Results:
@@ -61,8 +69,9 @@ def _pipeline(which: str, env: Any, tier: str, protected: Path, seed: int, recor
     """One run of the starting or the reference pipeline, as the scorer runs them; (weights, seconds)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    if which == "start":
-        env.install_starting(folder, tier)
+    if which == "start":  # the pipeline's own files; prepare_inputs adds the inputs
+        place([p for p in env.files(tier, cache_dir()).workspace
+               if p.dest.split("/")[0] not in ("initial_model", "tokenizer", DATA)], folder)
     else:
         for f in (protected / "reference").iterdir():
             shutil.copyfile(f, folder / f.name)
@@ -127,7 +136,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="optimize-finetune-bench-") as tmp:
         runs = {which: start_run(env.id, args.tier, Path(tmp) / which, score_start=False)[0]
                 for which in ("start", "reference")}
-        env.install_reference(runs["reference"].workspace, args.tier)
+        install_reference(runs["reference"])
 
         if args.noise:
             print("noise: the same inputs run twice by each pipeline, and a different draw")

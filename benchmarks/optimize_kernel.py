@@ -47,6 +47,7 @@ from openrebench.runs import (
     constants_for,
     detect_hardware,
     get_environment,
+    install_reference,
     normalise,
     score_run,
     start_run,
@@ -178,7 +179,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="optimize-kernel-bench-") as tmp:
         runs = {which: start_run(env.id, args.tier, Path(tmp) / which, score_start=False)[0]
                 for which in ("start", "reference")}
-        env.install_reference(runs["reference"].workspace, args.tier)
+        install_reference(runs["reference"])
 
         def score_once(which: str, busy_count: int = 0) -> tuple[float | None, str]:
             s = scoring(runs[which], which, busy_count)

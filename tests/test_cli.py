@@ -75,9 +75,9 @@ def test_mini_path_start_reference_score_result(tmp_path: Path, monkeypatch: pyt
     assert setup.kind == "setup" and not setup.charged and setup.valid
     assert setup.normalised is not None and setup.normalised <= 0.2, setup  # the start is ~0, within noise
 
-    from openrebench.runs import get_environment
+    from openrebench.runs import install_reference
 
-    get_environment("optimize_kernel").install_reference(run.workspace)
+    install_reference(run)
     # Scored twice, as an agent would: the run's final score is its best row, which absorbs a single
     # scoring slowed down by a busy machine (the mini reference's spread is ~10%, benchmarks/README.md).
     for _ in range(2):

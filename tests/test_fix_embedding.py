@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from openrebench.lm import GPT, GPTConfig, save_checkpoint
-from openrebench.runs import Run, get_environment, score_run, start_run
+from openrebench.runs import Run, get_environment, install_reference, score_run, start_run
 
 pytest_plugins = ["lm_support"]
 
@@ -44,11 +44,10 @@ def test_workspace_has_the_models_and_data_but_not_the_heldout_split(run: Run) -
 
 
 def test_start_is_near_useless_and_the_reference_recovers(run: Run) -> None:
-    env = get_environment("fix_embedding")
     start = score_run(run)
     assert start.raw is not None, start.message
     assert start.details["loss"] > 8  # a permuted embedding is worse than guessing uniformly (ln 4096 = 8.3)
-    env.install_reference(run.workspace, "mini")
+    install_reference(run)
     ref = score_run(run)
     assert ref.raw is not None, ref.message
     assert ref.details["loss"] < 6.5 and ref.raw < start.raw - 0.5

@@ -70,7 +70,7 @@ def test_a_failed_set_up_leaves_nothing_and_the_same_start_then_works(
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(type(env), "setup_run", broken)
+    monkeypatch.setattr(type(env), "files", broken)
     with pytest.raises(KeyboardInterrupt):
         start_run("optimize_kernel", "mini", tmp_path / "runs" / "k1", score_start=False)
     assert list((tmp_path / "runs").iterdir()) == []  # no half-made run, no hidden leftovers

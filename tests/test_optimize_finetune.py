@@ -15,7 +15,7 @@ import pytest
 from openrebench.environments.optimize_finetune._cheats import CHEATS, install_cheat
 from openrebench.environments.optimize_finetune.env import CONFIG, OUTPUT_DIR, Setup
 from openrebench.environments.optimize_finetune.scorer import prepare_inputs, run_pipeline, set_seed
-from openrebench.runs import Run, _scoring, get_environment, score_run, start_run
+from openrebench.runs import Run, _scoring, get_environment, install_reference, score_run, start_run
 
 pytest_plugins = ["lm_support"]
 
@@ -65,7 +65,7 @@ def test_start_and_reference_are_valid_and_the_reference_is_faster(run: Run) -> 
     env = get_environment("optimize_finetune")
     start = score_run(run)
     assert start.raw is not None, start.message
-    env.install_reference(run.workspace, "mini")
+    install_reference(run)
     ref = score_run(run)
     assert ref.raw is not None, ref.message
     assert ref.raw < start.raw - 0.3, (start.message, ref.message)  # at least 1.35x faster

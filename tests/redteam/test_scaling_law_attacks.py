@@ -17,10 +17,10 @@ ENV = "scaling_law"
 
 @pytest.fixture
 def run(tmp_path: Path) -> Run:
+    """A run holding only the stored ground truth (no data to build): each attack writes its own answer."""
     env = get_environment(ENV)
     run = Run.create(env, "mini", tmp_path / "run")
     shutil.copyfile(ground_truth_path(env.root, "mini"), run.protected / "ground_truth.json")
-    env.install_starting(run.workspace, "mini")
     run.mark_started()
     return run
 

@@ -1,6 +1,6 @@
 """What an environment author writes against: the Environment class and its tiers (typed params, constants
-from shipped calibration records), score results, the solution-process protocol, the tamper guard,
-progress reports of long builds, the asset cache.
+from shipped calibration records), the files of a run, score results, the solution-process protocol, the
+tamper guard, progress reports of long builds, the asset cache.
 
 The bottom layer: it imports nothing else of openrebench, so an environment (built in or a
 third-party package) depends on this and on nothing that could change under it.
@@ -18,6 +18,7 @@ from ._environment import (
     TierSpec,
     describe_duration,
 )
+from ._files import Placement, RunFiles, file_contents
 from ._guard import TamperGuard
 from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
 from ._protocol import HostChannel, SolutionError, SolutionProcess
@@ -29,6 +30,8 @@ __all__ = [
     "NoParams",
     "NormConstants",
     "OpenRebenchError",
+    "Placement",
+    "RunFiles",
     "ScoreResult",
     "ShippedData",
     "SolutionError",
@@ -38,6 +41,7 @@ __all__ = [
     "TierSpec",
     "cache_dir",
     "describe_duration",
+    "file_contents",
     "progress_display",
     "reporting",
     "show_progress",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import string
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from openrebench.base import OpenRebenchError
 
 from ._calibration import NormConstants, read_shipped_record
+from ._files import SKIPPED_DIRS, Placement, RunFiles
 
 
 def describe_duration(seconds: float) -> str:
@@ -121,9 +122,23 @@ class Environment(ABC, Generic[P]):
     """One RE-Bench environment: a small class plus the files in its folder.
 
     The folder holds `instructions.md` (a `string.Template` filled from the tier's params),
-    `starting/` (copied into the workspace), `reference/` (the hidden reference solution) and
-    `calibration/` (the records the tiers' default constants come from). `P` is the model of the
-    tiers' params: `class MyEnv(Environment[MyParams])` makes `self.tier(name).params` a `MyParams`.
+    `starting/` (the starting solution), `reference/` (the hidden reference solution, masked in
+    every sandbox) and `calibration/` (the records the tiers' default constants come from, masked too).
+    `P` is the model of the tiers' params: `class MyEnv(Environment[MyParams])` makes
+    `self.tier(name).params` a `MyParams`.
+
+    A run's life, and the hook called at each step (the tier is always given, never guessed):
+
+    1. set-up, in the harness process (`openrebench start`, an eval's sample, calibration, the demo):
+       `build_assets`, then `files` (placed by the runs layer), then `write_run_files`;
+    2. each scoring, in the scorer process (a fresh, sandboxed process that sees only a snapshot of
+       the workspace and the protected folder): `score`;
+    3. where the reference solution is wanted (demo, calibration, the oracle agent, tests): `files`
+       again, whose `reference` list the runs layer (`runs.install_reference`), or the oracle agent
+       through the sandbox, writes over the workspace.
+
+    No hook ever puts scorer-only data into the workspace: the runs layer refuses a set-up whose
+    workspace holds a protected file's bytes (unless that entry is declared `public`).
     """
 
     id: ClassVar[str]
@@ -163,8 +178,13 @@ class Environment(ABC, Generic[P]):
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # an optional hook
-        """Build (or find in `cache_dir`) what the tier needs. Most environments need nothing. A build of more
-        than a few seconds reports its steps with `openrebench.api.stage` (a cached one says nothing)."""
+        """Build (or find in `cache_dir`) every file that `files(tier, cache_dir)` names.
+
+        Called in the harness process before each set-up, possibly by several processes at once. MUST
+        be idempotent and cheap once built (a cached build is checked, not redone) and write only under
+        `cache_dir`. MAY take long the first time: a build of more than a few seconds reports its steps
+        with `openrebench.api.stage` (a cached one says nothing). Most environments need nothing.
+        """
 
     @property
     def builds_shipped_data(self) -> bool:
@@ -193,27 +213,50 @@ class Environment(ABC, Generic[P]):
         raise OpenRebenchError(f"{self.id} ships no built data (it does not implement "
                                "Environment.build_shipped)")
 
-    def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
-        """Fill a new run's workspace (agent-visible) and protected dir (scorer-only)."""
-        self.install_starting(workspace, tier)
+    def files(self, tier: str, cache_dir: Path) -> RunFiles:
+        """The tier's files: where its workspace, protected and reference files come from and go.
 
-    def reference_files(self, tier: str | None = None) -> list[tuple[Path, str]]:
-        """The reference solution as (host file, path in the workspace) pairs: by default the files of
-        `reference/`; environments whose reference includes built assets (trained weights) add them."""
-        root = self.root / "reference"
-        return [(f, str(f.relative_to(root))) for f in sorted(root.rglob("*"))
-                if f.is_file() and "__pycache__" not in f.parts]
+        Called in the harness process after `build_assets(tier, cache_dir)`, at set-up and wherever the
+        reference solution is put in place, so possibly many times. MUST depend only on the tier and
+        the built assets (the same lists for every run: per-run files come from `write_run_files`) and
+        write nothing outside the cache; MAY call the cached builders to find their folders. MUST NOT
+        list scorer-only data under `workspace` (a protected entry the agent also gets on purpose is
+        declared `public`). The default: `starting/` as the workspace, `reference/` as the reference,
+        nothing protected.
+        """
+        self.tier(tier)
+        return RunFiles(workspace=self.folder_files("starting"), reference=self.folder_files("reference"))
 
-    def install_reference(self, workspace: Path, tier: str | None = None) -> None:
-        """Put the reference solution in place of the agent's (for demos, tests and calibration)."""
-        for source, rel in self.reference_files(tier):
-            (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, workspace / rel)
+    def write_run_files(self, tier: str, workspace: Path, protected: Path,  # an optional hook
+                        cache_dir: Path) -> None:
+        """Write the files that differ from one run to the next (a secret drawn per run).
 
-    def install_starting(self, workspace: Path, tier: str | None = None) -> None:
-        shutil.copytree(self.root / "starting", workspace, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        Called once per new run, in the harness process, after the declared workspace and protected
+        files are in place and before the protected files are recorded. MUST write only inside
+        `workspace` and `protected`, and never scorer-only data into `workspace`; MAY read the built
+        assets. Whatever can be declared in `files` belongs there instead. Most environments need
+        nothing.
+        """
+
+    def folder_files(self, folder: str, *, exclude: Collection[str] = (), under: str = "") -> list[Placement]:
+        """The files of one of the environment's folders (`starting`, `reference`) at the same relative
+        paths (below `under` where given), but those named in `exclude` and `__pycache__`."""
+        root = self.root / folder
+        if not root.is_dir():
+            return []
+        found = [(f, f.relative_to(root)) for f in sorted(root.rglob("*")) if f.is_file()]
+        return [Placement.copy(f, f"{under}/{rel.as_posix()}" if under else rel.as_posix())
+                for f, rel in found if not SKIPPED_DIRS & set(rel.parts) and rel.as_posix() not in exclude]
 
     @abstractmethod
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        """Score a snapshot of the solution. Runs in the scorer process, never in the harness."""
+        """Score a snapshot of the solution.
+
+        Called in the scorer process (never in the harness), once per scoring, with `solution` a
+        writable snapshot of the workspace and `protected` the run's protected folder (read-only in
+        the scoring sandbox). MUST treat everything in `solution` as hostile: run its code only in a
+        separate process (`SolutionProcess`, or a limited child process), never import it here. MUST
+        NOT write to `protected` or tell its contents in the message. SHOULD give a broken solution an
+        invalid result with a one-line reason (an exception that escapes becomes a generic "internal
+        error" row).
+        """

@@ -93,7 +93,7 @@ def demo(
     """End to end: start a run, score the start, put the reference in place, score it, show the log."""
     import time
 
-    from openrebench.runs import start_run
+    from openrebench.runs import install_reference, start_run
 
     env = get_env(env_id)
     env.tier(tier)
@@ -105,7 +105,7 @@ def demo(
     print_row(run, row)
     print_constants(run)
     fail_on_setup_infrastructure(run, row)
-    env.install_reference(run.workspace, tier)
+    install_reference(run)
     console.print("Reference solution put in place of the agent's.")
     print_row(run, score_with_status(run, "Scoring the reference solution"))
     rows, _ = run.rows()

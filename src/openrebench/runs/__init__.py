@@ -1,6 +1,7 @@
-"""Runs: the run directory, the score log, scoring in a separate limited process, normalisation,
-calibration and the registry of environments. Functions here take Environment objects or resolve
-ids through the registry; nothing imports an environment by name."""
+"""Runs: the run directory, the placing of an environment's declared files, the score log, scoring in
+a separate limited process, normalisation, calibration and the registry of environments. Functions
+here take Environment objects or resolve ids through the registry; nothing imports an environment by
+name."""
 
 from ._calibration import (
     CalibrationRecord,
@@ -12,6 +13,7 @@ from ._calibration import (
     shipped_calibration_dir,
     user_calibration_dir,
 )
+from ._files import install_reference, place, protected_leaks
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._normalise import final_row, final_score, normalise
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
@@ -38,7 +40,10 @@ __all__ = [
     "final_score",
     "find_record",
     "get_environment",
+    "install_reference",
     "normalise",
+    "place",
+    "protected_leaks",
     "read_log",
     "refresh",
     "run_scorer",

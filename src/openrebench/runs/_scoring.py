@@ -40,6 +40,7 @@ from openrebench.isolation._gpus import all_gpu_nodes
 from openrebench.isolation._namespace import pid_namespace_prefix
 
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
+from ._files import install_reference, set_up_files
 from ._normalise import normalise
 from ._registry import get_environment
 from ._run import Run, check_new_run_dir
@@ -478,8 +479,7 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
     partial.chmod(0o755)  # as a plain mkdir would make it; mkdtemp's 0700 would hide the workspace
     try:
         run = Run.create(env, tier, partial, seed=seed)
-        env.build_assets(tier, cache_dir())
-        env.setup_run(tier, run.workspace, run.protected, cache_dir())
+        set_up_files(run, env, cache_dir())
         _record_protected(run)
         check_new_run_dir(path)
         if path.exists():
@@ -506,7 +506,8 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
                 run, _ = start_run(env, tier, Path(tmp) / which, score_start=False)
-                (env.install_reference if which == "reference" else env.install_starting)(run.workspace, tier)
+                if which == "reference":
+                    install_reference(run)
                 runs[which] = run
             row = score_run(runs[which], kind="calibration", charged=False)
             return row.raw, row.message

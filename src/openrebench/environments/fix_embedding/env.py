@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
+from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, ScoreResult, TierSpec
 
 from .params import FixEmbeddingParams, ModelCommon, ModelShape, Training
 
 OUTPUT_DIR = "fixed_model"
 SETTINGS_FILE = "settings.json"
 CALIBRATION = Path(__file__).parent / "calibration"
+DATA_FILES = ("train.bin", "val.bin", "vocab.json")
+MODEL_FILES = ("config.json", "model.safetensors", "model.pt")
 
 
 def reference_settings(tier: str) -> dict[str, Any]:
@@ -101,42 +102,42 @@ class FixEmbedding(Environment[FixEmbeddingParams]):
 
         build(self.tier(tier), cache_dir)
 
-    def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
-        from ._assets import build, copy_model, model_config, write_permuted
+    def files(self, tier: str, cache_dir: Path) -> RunFiles:
+        """The small model, the data and example.py for the agent; the held-out tokens and the large
+        model's architecture for the scorer; reference/fix.py and the model it fixed as the reference.
+        The large model itself is this run's own (`write_run_files`)."""
+        from ._assets import build, model_config
 
         spec = self.tier(tier)
         assets = build(spec, cache_dir)
-        write_permuted(assets.large, workspace / "large_model")  # a secret permutation of this run's own
-        copy_model(assets.small, workspace / "small_model")
-        (workspace / "data").mkdir(exist_ok=True)
-        for name in ("train.bin", "val.bin", "vocab.json"):
-            if (assets.data.path / name).is_file():
-                shutil.copyfile(assets.data.path / name, workspace / "data" / name)
-        shutil.copyfile(self.root / "starting" / "example.py", workspace / "example.py")
-        self.install_starting(workspace, tier)
-        shutil.copyfile(assets.data.bin_path("heldout"), protected / "heldout.bin")
-        (protected / "model_config.json").write_text(model_config(spec, "large").model_dump_json())
+        data = [Placement.copy(assets.data.path / name, f"data/{name}") for name in DATA_FILES
+                if (assets.data.path / name).is_file()]
+        return RunFiles(
+            workspace=[*_model_files(assets.small, "small_model"), *data, *self.folder_files("starting")],
+            protected=[Placement.copy(assets.data.bin_path("heldout"), "heldout.bin"),
+                       Placement.text("model_config.json", model_config(spec, "large").model_dump_json())],
+            reference=[*self.folder_files("reference", exclude={SETTINGS_FILE}),
+                       *_model_files(assets.reference, OUTPUT_DIR)],
+        )
 
-    def install_starting(self, workspace: Path, tier: str | None = None) -> None:
-        """The starting solution is the permuted model itself."""
-        from ._assets import copy_model
+    def write_run_files(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
+        """The large model with a secret permutation of this run's own, and the starting solution:
+        that permuted model as it is."""
+        from ._assets import build, copy_model, write_permuted
 
+        write_permuted(build(self.tier(tier), cache_dir).large, workspace / "large_model")
         copy_model(workspace / "large_model", workspace / OUTPUT_DIR)
-
-    def reference_files(self, tier: str | None = None) -> list[tuple[Path, str]]:
-        from ._assets import build
-
-        if tier is None:
-            raise ValueError("fix_embedding's reference depends on the tier")
-        model = build(self.tier(tier), cache_dir()).reference
-        files = [(f, f"{OUTPUT_DIR}/{f.name}") for f in sorted(model.iterdir())
-                 if f.name in ("config.json", "model.safetensors", "model.pt")]
-        return [*(f for f in super().reference_files(tier) if f[1] != SETTINGS_FILE), *files]
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score
 
         return score(self.tier(tier), solution, protected)
+
+
+def _model_files(model: Path, dest: str) -> list[Placement]:
+    """A checkpoint's weights and config (not its optimizer state or manifest)."""
+    return [Placement.copy(model / name, f"{dest}/{name}") for name in MODEL_FILES
+            if (model / name).is_file()]
 
 
 def loss_of(raw: float) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,25 +104,3 @@ def build(spec: TierSpec[FinetuneParams], cache_dir: Path) -> Assets:
     data = _records(spec, cache_dir)
     return Assets(initial_model=_initial_model(spec, cache_dir), tokenizer=gpt2_tokenizer_dir(cache_dir),
                   pool=data / "pool.jsonl", example=data / "example.jsonl")
-
-
-def copy_tokenizer(source: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(source / name, dest / name)
-
-
-def copy_folder(source: Path, dest: Path) -> None:
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(source, dest)
-
-
-def link_folder(source: Path, dest: Path) -> None:
-    """Hard links where the file system allows (large weights, read-only use), else copies."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    for f in sorted(source.iterdir()):
-        try:
-            (dest / f.name).hardlink_to(f)
-        except OSError:
-            shutil.copyfile(f, dest / f.name)

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec
+from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, ScoreResult, TierSpec
 
 from .params import FinetuneConfig, FinetuneParams, GPT2Shape, RecordsData
 
@@ -128,37 +128,36 @@ class OptimizeFinetune(Environment[FinetuneParams]):
         template = (self.root / "starting" / CONFIG).read_text()
         return string.Template(template).substitute(self.tier(tier).params.config.model_dump())
 
-    def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
+    def files(self, tier: str, cache_dir: Path) -> RunFiles:
+        """The pipeline with the tier's finetune.yaml, the initial model, the tokenizer and example
+        records for the agent. The scorer keeps its own copies of the inputs the agent also gets (the
+        initial model as hard links), the pool the records of each scoring are drawn from, the trusted
+        reference pipeline and a note of the tier's setup; the reference solution is that pipeline."""
         import hashlib
-        import shutil
 
-        from ._assets import build, copy_folder, copy_tokenizer, link_folder
+        from ._assets import TOKENIZER_FILES, build
 
         spec = self.tier(tier)
         assets = build(spec, cache_dir)
-        copy_folder(assets.initial_model, workspace / "initial_model")
-        copy_tokenizer(assets.tokenizer, workspace / "tokenizer")
-        shutil.copyfile(assets.example, workspace / DATA)
-        self.install_starting(workspace, tier)
-        link_folder(assets.initial_model, protected / "initial_model")
-        copy_tokenizer(assets.tokenizer, protected / "tokenizer")
-        shutil.copyfile(assets.pool, protected / "pool.jsonl")
         config = self.config_text(tier)
-        (protected / CONFIG).write_text(config)
-        copy_folder(self.root / "reference", protected / "reference")
         setup = Setup(records=spec.params.records, model=spec.params.model.model_dump(),
                       config_sha256=hashlib.sha256(config.encode()).hexdigest())
-        (protected / "setup.json").write_text(setup.model_dump_json(indent=2) + "\n")
 
-    def install_starting(self, workspace: Path, tier: str | None = None) -> None:
-        import shutil
+        def tokenizer(public: bool = False) -> list[Placement]:
+            return [Placement.copy(assets.tokenizer / name, f"tokenizer/{name}", public=public)
+                    for name in TOKENIZER_FILES]
 
-        if tier is None:
-            raise ValueError("optimize_finetune's starting config depends on the tier")
-        for f in sorted((self.root / "starting").iterdir()):
-            if f.is_file() and f.name != CONFIG:
-                shutil.copy2(f, workspace / f.name)
-        (workspace / CONFIG).write_text(self.config_text(tier))
+        return RunFiles(
+            workspace=[Placement.copy(assets.initial_model, "initial_model"), *tokenizer(),
+                       Placement.copy(assets.example, DATA), *self.folder_files("starting", exclude={CONFIG}),
+                       Placement.text(CONFIG, config)],
+            protected=[Placement.copy(assets.initial_model, "initial_model", link=True, public=True),
+                       *tokenizer(public=True), Placement.copy(assets.pool, "pool.jsonl"),
+                       Placement.text(CONFIG, config, public=True),
+                       *self.folder_files("reference", under="reference"),
+                       Placement.text("setup.json", setup.model_dump_json(indent=2) + "\n")],
+            reference=self.folder_files("reference"),
+        )
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec, cache_dir
+from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, ScoreResult, TierSpec
 
 from .params import RestrictedMLMParams
 
@@ -109,44 +108,19 @@ class RestrictedMLM(Environment[RestrictedMLMParams]):
 
         build(self.tier(tier), cache_dir)
 
-    def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
+    def files(self, tier: str, cache_dir: Path) -> RunFiles:
+        """The data (held-out tokens for the scorer only), the starting code with the weights the asset
+        builder trained with it, and the reference code with its own weights."""
         from ._assets import DATA_FILES, build
 
         assets = build(self.tier(tier), cache_dir)
-        (workspace / "data").mkdir(exist_ok=True)
-        for name in DATA_FILES:
-            shutil.copyfile(assets.data / name, workspace / "data" / name)
-        self.install_starting(workspace, tier)
-        shutil.copyfile(assets.data / "heldout.bin", protected / "heldout.bin")
-
-    def _tier_of(self, workspace: Path, tier: str | None) -> str:
-        """The tier asked for, else the one of the run the workspace belongs to."""
-        if tier is None and (workspace.parent / "run.json").is_file():
-            tier = json.loads((workspace.parent / "run.json").read_text()).get("tier")
-        if tier is None:
-            raise ValueError("restricted_mlm's solutions depend on the tier (weights are trained per tier)")
-        return tier
-
-    def install_starting(self, workspace: Path, tier: str | None = None) -> None:
-        """The starting code and the weights the asset builder trained with it."""
-        from ._assets import build
-
-        assets = build(self.tier(self._tier_of(workspace, tier)), cache_dir())
-        for name in ("solution.py", "train.py"):
-            shutil.copyfile(self.root / "starting" / name, workspace / name)
-        shutil.copyfile(assets.start / "model.pt", workspace / "model.pt")
-
-    def reference_files(self, tier: str | None = None) -> list[tuple[Path, str]]:
-        from ._assets import build
-
-        if tier is None:
-            raise ValueError("restricted_mlm's reference depends on the tier (weights are trained per tier)")
-        assets = build(self.tier(tier), cache_dir())
-        files = [f for f in super().reference_files(tier) if f[1] != TRAINING_FILE]
-        return [*files, (assets.reference / "model.pt", "model.pt")]
-
-    def install_reference(self, workspace: Path, tier: str | None = None) -> None:
-        super().install_reference(workspace, self._tier_of(workspace, tier))
+        return RunFiles(
+            workspace=[*(Placement.copy(assets.data / name, f"data/{name}") for name in DATA_FILES),
+                       *self.folder_files("starting"), Placement.copy(assets.start / "model.pt", "model.pt")],
+            protected=[Placement.copy(assets.data / "heldout.bin", "heldout.bin")],
+            reference=[*self.folder_files("reference", exclude={TRAINING_FILE}),
+                       Placement.copy(assets.reference / "model.pt", "model.pt")],
+        )
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score

@@ -77,12 +77,17 @@ def _load_fit() -> Any:
     return module
 
 
+def reference_answer_path(spec: TierSpec[ScalingLawParams], cache_dir: Path | None) -> Path:
+    """Where `reference_answer` keeps the answer (it exists once built)."""
+    return assets_root(cache_dir) / f"scaling-{spec.name}-reference" / "answer.json"
+
+
 def reference_answer(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpus,
                      cache_dir: Path | None) -> Path:
     """Run the reference procedure (its own grid of experiments under the cap, a fitted scaling law)
     once, and keep its answer and the evidence behind it."""
     p = spec.params.reference
-    folder = assets_root(cache_dir) / f"scaling-{spec.name}-reference"
+    folder = reference_answer_path(spec, cache_dir).parent
     fit_py = HERE / "reference" / "fit.py"
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -115,7 +120,7 @@ def reference_answer(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpu
                                          "data": DataKey.of(data, setup.vocab_size).model_dump(),
                                          "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()},
                  build=build, label=f"scaling_law {spec.name}: the reference answer")
-    return folder / "answer.json"
+    return reference_answer_path(spec, cache_dir)
 
 
 def build(env: Environment, spec: TierSpec[ScalingLawParams], cache_dir: Path | None, *,

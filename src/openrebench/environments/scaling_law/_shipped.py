@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from openrebench.runs import detect_hardware
 
 from . import _assets
 from ._ground_truth import GroundTruth, ground_truth_path, sweep
+from .env import ANSWER, starting_answer
 from .scorer import read_answer, score_answer
 
 
@@ -88,7 +90,7 @@ def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, 
     manifest = load_manifest(answer_path.parent)
     scores: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="scaling-law-start-") as tmp:
-        env.install_starting(Path(tmp), spec.name)
+        (Path(tmp) / ANSWER).write_text(json.dumps(starting_answer(spec.params), indent=2) + "\n")
         for which, folder in (("start", Path(tmp)), ("reference", answer_path.parent)):
             answer = read_answer(folder, setup)
             if isinstance(answer, str):

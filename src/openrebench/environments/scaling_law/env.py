@@ -24,10 +24,11 @@ from openrebench.api import (
     Direction,
     Environment,
     NormConstants,
+    Placement,
+    RunFiles,
     ScoreResult,
     ShippedData,
     TierSpec,
-    cache_dir,
 )
 
 from .params import ReferenceProcedure, ScalingLawParams, Setup, StartingAnswer, Sweep
@@ -61,6 +62,13 @@ FULL = ScalingLawParams(
 )
 
 CONSTANTS_FILE = "constants.json"
+
+
+def starting_answer(params: ScalingLawParams) -> dict[str, float | int]:
+    """The naive starting answer: the widest model allowed, with a round-number loss."""
+    setup, n_embd = params.setup, params.start.n_embd
+    return {"n_embd": n_embd, "max_iters": setup.max_iters_for(n_embd, setup.target_flops),
+            "loss_prediction": params.start.loss_prediction}
 
 
 def hidden_constants(tier: str) -> NormConstants:
@@ -123,40 +131,24 @@ class ScalingLaw(Environment[ScalingLawParams]):
 
         return build_shipped(self, self.tier(tier), out_dir, cache_dir, command)
 
-    def setup_run(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
-        import shutil
-
-        from ._assets import build
+    def files(self, tier: str, cache_dir: Path) -> RunFiles:
+        """The data, the experiment's setup, train.py and a naive starting answer (the widest model
+        allowed, with a round-number loss); the ground truth for the scorer; the answer the reference
+        procedure (reference/fit.py) reached, built once per machine by `build_assets`."""
+        from ._assets import build, reference_answer_path
 
         spec = self.tier(tier)
         assets = build(self, spec, cache_dir, reference=False)
-        (workspace / "data").mkdir(exist_ok=True)
-        for name in ("train.bin", "val.bin", "vocab.json"):
-            shutil.copyfile(assets.data.path / name, workspace / "data" / name)
-        (workspace / "setup.json").write_text(assets.setup.model_dump_json(indent=2) + "\n")
-        shutil.copyfile(assets.ground_truth, protected / "ground_truth.json")
-        self.install_starting(workspace, tier)
-
-    def install_starting(self, workspace: Path, tier: str | None = None) -> None:
-        """train.py, and a naive answer: the widest model allowed, with a round-number loss."""
-        if tier is None:
-            raise ValueError("scaling_law's starting answer depends on the tier")
-        p = self.tier(tier).params
-        super().install_starting(workspace, tier)
-        setup, n_embd = p.setup, p.start.n_embd
-        answer = {"n_embd": n_embd, "max_iters": setup.max_iters_for(n_embd, setup.target_flops),
-                  "loss_prediction": p.start.loss_prediction}
-        (workspace / ANSWER).write_text(json.dumps(answer, indent=2) + "\n")
-
-    def reference_files(self, tier: str | None = None) -> list[tuple[Path, str]]:
-        """The answer the reference procedure (reference/fit.py) reached, built once per machine."""
-        from ._assets import build
-
-        if tier is None:
-            raise ValueError("scaling_law's reference depends on the tier")
-        answer = build(self, self.tier(tier), cache_dir()).reference_answer
-        assert answer is not None
-        return [(answer, ANSWER)]
+        answer = starting_answer(spec.params)
+        return RunFiles(
+            workspace=[*(Placement.copy(assets.data.path / name, f"data/{name}")
+                         for name in ("train.bin", "val.bin", "vocab.json")),
+                       Placement.text("setup.json", assets.setup.model_dump_json(indent=2) + "\n"),
+                       *self.folder_files("starting"),
+                       Placement.text(ANSWER, json.dumps(answer, indent=2) + "\n")],
+            protected=[Placement.copy(assets.ground_truth, "ground_truth.json")],
+            reference=[Placement.copy(reference_answer_path(spec, cache_dir), ANSWER)],
+        )
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score

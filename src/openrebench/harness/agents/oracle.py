@@ -9,7 +9,7 @@ from __future__ import annotations
 from inspect_ai.agent import Agent, AgentState, agent
 from inspect_ai.model import ChatMessageAssistant
 
-from openrebench.api import Environment
+from openrebench.api import Environment, cache_dir, file_contents
 from openrebench.runs import get_environment
 
 from .._sandbox import run_sandbox
@@ -20,13 +20,14 @@ ORACLE_SCORINGS = 3  # at most; timed environments on a shared 2-core machine va
 
 @agent
 def oracle() -> Agent:
-    """Needs no model: puts the reference solution in place through the sandbox and scores it."""
+    """Needs no model: writes the environment's declared reference files through the sandbox (as an
+    agent would write them) and scores them."""
 
     async def execute(state: AgentState) -> AgentState:
         box = run_sandbox()
         env = get_environment(box.run.info.env_id)
-        for source, rel in env.reference_files(box.run.info.tier):
-            await box.write_file(rel, source.read_bytes())
+        for dest, data in file_contents(env.files(box.run.info.tier, cache_dir()).reference):
+            await box.write_file(dest, data)
         best: float | None = None
         for _ in range(ORACLE_SCORINGS):
             row = await box.score()
