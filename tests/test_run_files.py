@@ -127,15 +127,16 @@ def test_per_run_files_are_written_after_the_declared_ones(tmp_path: Path,
 
 # -- every environment's mini tier ---------------------------------------------------------------------
 
-def _shorter(env_id: str, params: dict[str, Any]) -> dict[str, Any]:
+def _shorter(env_id: str, params: Any) -> Any:
     """The same files, built faster: restricted_mlm's two models trained for seconds (as its own tests
     do, so the build is shared), scaling_law's reference procedure on a reduced grid (as its test of
     the procedure). fix_embedding keeps its models, shared with its own tests."""
     if env_id == "restricted_mlm":
-        return {**params, **{k: {**params[k], "max_iters": 25} for k in ("train_start", "train_reference")}}
+        return params.model_copy(update={k: {**getattr(params, k), "max_iters": 25}
+                                         for k in ("train_start", "train_reference")})
     if env_id == "scaling_law":
-        return {**params, "reference": {**params["reference"], "budget_fractions": [0.02, 0.04, 0.08],
-                                        "widths": [8, 16], "min_iters": 15}}
+        return params.model_copy(update={"reference": params.reference.model_copy(
+            update={"budget_fractions": [0.02, 0.04, 0.08], "widths": [8, 16], "min_iters": 15})})
     return params
 
 
