@@ -136,3 +136,21 @@ def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
     assert "human, oracle (no model), react or toy_agent." in out
     assert ("auto (bwrap where it starts, else local with a warning), bwrap, local (no isolation), or "
             "toy_box.") in out
+
+
+def test_scoring_from_inside_the_workspace_imports_nothing_of_the_agent(kernel_run: Run) -> None:
+    """`cd runs/k1/workspace && openrebench score` (as the README writes it): modules the agent left in
+    its workspace, named like the harness's own imports, must not run in the harness process."""
+    import shutil
+    import subprocess
+    import sys
+
+    marker = kernel_run.path / "agent-code-ran"
+    for name in ("typer", "rich", "pydantic", "openrebench_plugin"):
+        (kernel_run.workspace / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}\\n')\n")
+    command = shutil.which("openrebench", path=str(Path(sys.executable).parent))
+    assert command is not None
+    out = subprocess.run([command, "score"], cwd=kernel_run.workspace, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not marker.exists(), f"attack works: {marker.read_text()}"
