@@ -9,14 +9,11 @@ the scorer process and the analysis all ask this registry.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.metadata
-import pkgutil
 import re
-import warnings
 
 from openrebench.api import Environment
 from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP, OpenRebenchError
+from openrebench.base._plugins import discover
 from openrebench.isolation import forget_plugins
 
 ENTRY_POINT_GROUP = ENVIRONMENT_ENTRY_POINT_GROUP
@@ -36,50 +33,14 @@ def _check(cls: object, origin: str) -> type[Environment]:
     return cls
 
 
-def _builtin() -> list[tuple[type[Environment], str]]:
-    package = importlib.import_module(BUILTIN_PACKAGE)
-    found = []
-    for info in pkgutil.iter_modules(package.__path__):
-        if not info.ispkg or info.name.startswith("_"):
-            continue
-        origin = f"{BUILTIN_PACKAGE}.{info.name}"
-        cls = getattr(importlib.import_module(origin), "ENVIRONMENT", None)
-        if cls is None:
-            raise OpenRebenchError(f"{origin} names no ENVIRONMENT class in its __init__")
-        found.append((_check(cls, origin), origin))
-    return found
-
-
-def _plugins() -> list[tuple[type[Environment], str]]:
-    """Entry points of installed packages; one that cannot be loaded is skipped with a warning, so a
-    broken plug-in never takes the built-in environments down with it."""
-    found = []
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        origin = f"the plug-in '{ep.name}' ({ep.value})"
-        try:
-            found.append((_check(ep.load(), origin), origin))
-        except Exception as e:
-            warnings.warn(f"openrebench: {origin} is skipped: {type(e).__name__}: {e}", stacklevel=2)
-    return found
-
-
 @functools.cache
-def _registry() -> dict[str, tuple[type[Environment], str]]:
-    registry: dict[str, tuple[type[Environment], str]] = {}
-    for cls, origin in _builtin():
-        registry[cls.id] = (cls, origin)
-    for cls, origin in _plugins():
-        if cls.id in registry and registry[cls.id][0] is not cls:
-            warnings.warn(f"openrebench: {origin} is skipped: the id '{cls.id}' is taken by "
-                          f"{registry[cls.id][1]}", stacklevel=2)
-            continue
-        registry[cls.id] = (cls, origin)
-    return dict(sorted(registry.items()))
+def _registry() -> dict[str, type[Environment]]:
+    return discover(BUILTIN_PACKAGE, "ENVIRONMENT", ENTRY_POINT_GROUP, _check, lambda cls: cls.id)
 
 
 def environment_classes() -> dict[str, type[Environment]]:
     """Every environment by id, sorted by id (built-in and installed plug-ins)."""
-    return {env_id: cls for env_id, (cls, _) in _registry().items()}
+    return dict(_registry())
 
 
 def environment_ids() -> list[str]:
@@ -91,7 +52,7 @@ def get_environment(env: str | Environment) -> Environment:
     if isinstance(env, Environment):
         return env
     try:
-        return _registry()[env][0]()
+        return _registry()[env]()
     except KeyError:
         raise OpenRebenchError(f"unknown environment '{env}' (known: {', '.join(_registry())})") from None
 

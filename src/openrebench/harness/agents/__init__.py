@@ -16,9 +16,9 @@ from inspect_ai.agent import Agent
 
 from openrebench.api import Environment
 from openrebench.base import OpenRebenchError
+from openrebench.base._plugins import check_name, discover
 
 from .._limits import Limits, parse_count
-from .._plugins import check_name, discover
 
 ENTRY_POINT_GROUP = "openrebench.agents"
 

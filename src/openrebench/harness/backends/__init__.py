@@ -14,8 +14,8 @@ import sys
 import warnings
 
 from openrebench.base import OpenRebenchError
+from openrebench.base._plugins import check_name, discover
 
-from .._plugins import check_name, discover
 from ._base import Attempt, Backend, Launch
 
 ENTRY_POINT_GROUP = "openrebench.sandbox_backends"
