@@ -22,10 +22,15 @@ demo: $(STAMP)
 view: $(STAMP)
 	$(BIN)/inspect view --log-dir $(LOG_DIR)
 
+# The suite in two passes: everything but the timing tests on TEST_WORKERS processes, then the timing
+# tests alone, so that no other test's load moves what they measure.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
+	$(BIN)/python -m pytest -m timing
 
 # The report test renders the HTML page in headless Chromium; install it where we may (root + apt).
 browser:

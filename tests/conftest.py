@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from openrebench.runs import Run, start_run
+
+if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+    # Parallel workers share the cores: one math thread each for what a test computes in-process (asset
+    # builds), or torch's one thread per core in each worker would oversubscribe them. Scorer processes
+    # keep their default: scores are compared with constants measured that way.
+    sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

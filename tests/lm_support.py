@@ -7,6 +7,7 @@ session into a session folder that the read-only tests share.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,13 @@ def _shared_sources(lm_sources: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def lm_home(lm_sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder for the whole session, holding the tokenizer and the mini corpus."""
-    home = tmp_path_factory.mktemp("lm-home")
+    """A cache folder for the whole session, holding the tokenizer, the mini corpus and the environments'
+    mini assets. Parallel workers (pytest-xdist) share one: each asset's build holds a lock, so the
+    first worker to ask builds it and the others wait, then reuse it. Every fixture builds the same
+    parameters of an asset into it (restricted_mlm's models always shortened, the others as shipped)."""
+    base = tmp_path_factory.getbasetemp()
+    home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lm-home"
+    home.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))
         gpt2_tokenizer_dir(home)

@@ -94,6 +94,7 @@ def _slowed_by(seconds: float):
     return workload
 
 
+@pytest.mark.timing
 def test_score_counts_milliseconds_relative_to_the_yardstick(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A yardstick made slower (a workload that sleeps) scales the counted time down by the same ratio."""

@@ -117,6 +117,7 @@ def _eval(tmp_path: Path, model: str, *extra: str) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # one minute of working time must hold a scoring and the turns around it
 def test_react_scores_through_the_real_provider_then_stops_when_it_only_talks(
         tmp_path: Path, local_model: type[_Chat]) -> None:
     output, log = _eval(tmp_path, "openai-api/local/chatty")

