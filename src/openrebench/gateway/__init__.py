@@ -1,0 +1,38 @@
+"""The model gateway: the OpenAI HTTP API for code that runs where the network and the keys are not.
+
+Some environments call a language model from inside the network-less sandbox: the agent's code, or a
+scorer that grades with a model. They get no provider key and no network. Instead the harness runs a
+gateway on a Unix socket that the sandbox sees (and, for unmodified clients, `gateway-forward` relays
+127.0.0.1:PORT inside the sandbox to it). The gateway speaks OpenAI's API (`/v1/chat/completions`,
+`/v1/completions`, `/v1/models`), so any OpenAI client works with a base URL and a token.
+
+- Keys stay in the harness: a backend (`InspectBackend` for any Inspect provider,
+  `OpenAICompatibleBackend` for llama.cpp, vLLM or a hosted API) holds them; a run holds only a bearer
+  token that the harness granted (`Gateway.grant`) and can revoke.
+- A grant names roles (`task_model`, say), each bound to one model: a run reaches those and no other,
+  and `/v1/models` lists only them.
+- Every model request, refused ones included, is one JSON line in the run's usage log (time, run,
+  role, model, endpoint, tokens in and out, cost, latency, status, error); the log's totals are what
+  the run's budget (dollars, tokens) is checked against, so a restarted gateway keeps counting.
+
+Prices (US$ per million tokens) come from `--prices`, Inspect's model data or the list-price table in
+`_prices.py`, which the harness's cost estimate uses too.
+"""
+
+from ._backends import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    InspectBackend,
+    OpenAICompatibleBackend,
+    Unsupported,
+)
+from ._forwarder import forwarder_command, install_forwarder
+from ._prices import LIST_PRICES, LOCAL_PROVIDERS, PRICES_DATE, find_price, load_prices
+from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
+from ._usage import Totals, UsageLog
+
+__all__ = ["LIST_PRICES", "LOCAL_PROVIDERS", "PRICES_DATE", "Backend", "BackendError", "BackendUnavailable",
+           "Budget", "Gateway", "GatewayThread", "Grant", "InspectBackend", "OpenAICompatibleBackend",
+           "RoleModel", "Totals", "Unsupported", "UsageLog", "find_price", "forwarder_command",
+           "install_forwarder", "load_prices"]
