@@ -101,7 +101,8 @@ class UsageLog:
         row = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "grant": grant, "role": role,
                "model": model, "endpoint": endpoint, "prompt_tokens": prompt_tokens,
                "completion_tokens": completion_tokens,
-               "cost_usd": cost_usd(price, prompt_tokens, completion_tokens), "priced": price is not None,
+               "cost_usd": cost_usd(price, prompt_tokens, completion_tokens),
+               "priced": None if model is None else price is not None,
                "latency_s": round(latency_s, 6), "status": status, "error": error}
         line = (json.dumps(row) + "\n").encode()
         with self._lock:
