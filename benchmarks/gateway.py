@@ -128,7 +128,7 @@ async def throughput(url: str, sock: str | None, headers: dict[str, str], concur
     connector = (aiohttp.UnixConnector(sock, limit=concurrency) if sock else
                  aiohttp.TCPConnector(limit=concurrency))
     async with aiohttp.ClientSession(connector=connector, headers=headers) as client:
-        left = list(range(requests))
+        left = list(range(2 * concurrency))  # first, open and warm every connection
 
         async def worker() -> None:
             while left:
@@ -137,7 +137,7 @@ async def throughput(url: str, sock: str | None, headers: dict[str, str], concur
                     reply.raise_for_status()
                     await reply.read()
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm the connections
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
         left.extend(range(requests))
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -153,7 +153,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300, help="sequential requests per path")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--throughput-requests", type=int, default=2000)
+    parser.add_argument("--throughput-requests", type=int, default=1000)
     parser.add_argument("--upstream", help="a real OpenAI-compatible server (its /v1 URL), not the fake")
     parser.add_argument("--model", default="fake", help="the upstream's model name")
     parser.add_argument("--api-key", help="the upstream's key, if it needs one")

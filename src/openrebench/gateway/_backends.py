@@ -236,8 +236,8 @@ class OpenAICompatibleBackend:
     Upstream 429 and 503 (busy, loading) are retried with exponential backoff, `retries` times; they are
     neither failures nor charged. Other upstream errors keep their 4xx status (the request was at fault)
     or become a 502 (the upstream was). The client is aiohttp's: through httpx's async client the
-    gateway served 150 requests/s against an upstream that answers at once, through aiohttp's 1,000+
-    (benchmarks/gateway.py, 2 cores).
+    gateway served about 150 requests/s from an upstream that answers at once, through aiohttp's about
+    650 (benchmarks/gateway.py, 32 clients, a busy 2-core machine).
     """
 
     RETRY = (429, 503)
