@@ -128,6 +128,10 @@ def test_the_openai_client_speaks_to_the_unix_socket(gw: Gateway, tmp_path: Path
     assert [m.id for m in client.models.list()] == ["task_model"]
     done = client.completions.create(model="task_model", prompt="one")
     assert done.choices[0].text == "one!" and done.usage is not None and done.usage.completion_tokens == 1
+    chunks = list(client.completions.create(model="task_model", prompt="two", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "two!" and chunks[0].model == "fake/model"
+    log = (tmp_path / "run" / "usage.jsonl").read_text()
+    assert len(log.splitlines()) == 4 and client.api_key not in log  # every call metered, no token kept
 
 
 def test_the_async_client_streams_and_32_requests_at_once_are_all_answered_and_counted(
@@ -156,8 +160,7 @@ def test_the_async_client_streams_and_32_requests_at_once_are_all_answered_and_c
     assert sorted(answers) == sorted(f"echo: {i}" for i in range(32))
     assert text == "echo: flow" and usage is not None and usage.total_tokens == 15
     assert backend.most_in_flight <= 4  # the grant's concurrency limit held
-    totals = gw.grant(token, roles={"task_model": RoleModel(backend, "fake/model", price=PRICE)},
-                      usage_path=tmp_path / "run" / "usage.jsonl").totals()
+    totals = UsageLog(tmp_path / "run" / "usage.jsonl").totals()
     assert (totals.requests, totals.failures, totals.tokens) == (33, 0, 33 * 15)
 
 

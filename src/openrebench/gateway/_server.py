@@ -173,7 +173,9 @@ class Gateway:
         token = token or secrets.token_urlsafe(32)
         path = Path(usage_path).resolve()
         with self._lock:
-            log = self._logs.get(path) or self._logs.setdefault(path, UsageLog(path))
+            log = self._logs.get(path)
+            if log is None:
+                log = self._logs[path] = UsageLog(path)
             grant = Grant(token, run_id or path.parent.name, dict(roles), budget, log, prices,
                           concurrency or self.concurrency)
             self._grants[_digest(token)] = grant
@@ -220,18 +222,24 @@ class Gateway:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        if self.socket_path is not None:
-            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-            self.socket_path.unlink(missing_ok=True)
-            await web.UnixSite(self._runner, str(self.socket_path)).start()
-            self.socket_path.chmod(0o777)  # the sandbox's uid may differ from the harness's
-        if self._tcp_port is not None:
-            await web.TCPSite(self._runner, "127.0.0.1", self._tcp_port).start()
+        try:
+            if self.socket_path is not None:
+                self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+                self.socket_path.unlink(missing_ok=True)
+                await web.UnixSite(self._runner, str(self.socket_path)).start()
+                self.socket_path.chmod(0o777)  # the sandbox's uid may differ from the harness's
+            if self._tcp_port is not None:
+                await web.TCPSite(self._runner, "127.0.0.1", self._tcp_port).start()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            if self.socket_path is not None:
+                self.socket_path.unlink(missing_ok=True)
         for backend in list(self._backends.values()):  # their HTTP clients, bound to this loop
             aclose = getattr(backend, "aclose", None)
             if aclose is not None:
