@@ -28,11 +28,15 @@ from ._backends import (
     Unsupported,
 )
 from ._forwarder import forwarder_command, install_forwarder
+from ._local import INSPECT_MODEL as LOCAL_INSPECT_MODEL
+from ._local import MODEL_NAME as LOCAL_MODEL_NAME
+from ._local import LocalEndpoint, LocalModelServer, local_model_path, shared_local_server
 from ._prices import LIST_PRICES, LOCAL_PROVIDERS, PRICES_DATE, find_price, load_prices
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 from ._usage import Totals, UsageLog
 
-__all__ = ["LIST_PRICES", "LOCAL_PROVIDERS", "PRICES_DATE", "Backend", "BackendError", "BackendUnavailable",
-           "Budget", "Gateway", "GatewayThread", "Grant", "InspectBackend", "OpenAICompatibleBackend",
-           "RoleModel", "Totals", "Unsupported", "UsageLog", "find_price", "forwarder_command",
-           "install_forwarder", "load_prices"]
+__all__ = ["LIST_PRICES", "LOCAL_INSPECT_MODEL", "LOCAL_MODEL_NAME", "LOCAL_PROVIDERS", "PRICES_DATE",
+           "Backend", "BackendError", "BackendUnavailable", "Budget", "Gateway", "GatewayThread", "Grant",
+           "InspectBackend", "LocalEndpoint", "LocalModelServer", "OpenAICompatibleBackend", "RoleModel",
+           "Totals", "Unsupported", "UsageLog", "find_price", "forwarder_command", "install_forwarder",
+           "load_prices", "local_model_path", "shared_local_server"]
