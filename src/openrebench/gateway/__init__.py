@@ -15,6 +15,10 @@ gateway on a Unix socket that the sandbox sees (and, for unmodified clients, `ga
   role, model, endpoint, tokens in and out, cost, latency, status, error); the log's totals are what
   the run's budget (dollars, tokens) is checked against, so a restarted gateway keeps counting.
 
+The harness serves every run from one process-wide `ModelService` (`model_service()`): one gateway
+thread on one socket, backends made per model spec (`local`: the offline Gemma server), grants per run
+and phase, restarted with its grants if its thread dies.
+
 Prices (US$ per million tokens) come from `--prices`, Inspect's model data or the list-price table in
 `_prices.py`, which the harness's cost estimate uses too.
 """
@@ -27,16 +31,18 @@ from ._backends import (
     OpenAICompatibleBackend,
     Unsupported,
 )
-from ._forwarder import forwarder_command, install_forwarder
+from ._forwarder import exec_prefix, forwarder_command, install_forwarder
 from ._local import INSPECT_MODEL as LOCAL_INSPECT_MODEL
 from ._local import MODEL_NAME as LOCAL_MODEL_NAME
 from ._local import LocalEndpoint, LocalModelServer, local_model_path, shared_local_server
 from ._prices import LIST_PRICES, LOCAL_PROVIDERS, PRICES_DATE, find_price, load_prices
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
-from ._usage import Totals, UsageLog
+from ._service import SOCKET_NAME, USAGE_LOG, ModelService, model_service
+from ._usage import Totals, UsageLog, summarise
 
 __all__ = ["LIST_PRICES", "LOCAL_INSPECT_MODEL", "LOCAL_MODEL_NAME", "LOCAL_PROVIDERS", "PRICES_DATE",
-           "Backend", "BackendError", "BackendUnavailable", "Budget", "Gateway", "GatewayThread", "Grant",
-           "InspectBackend", "LocalEndpoint", "LocalModelServer", "OpenAICompatibleBackend", "RoleModel",
-           "Totals", "Unsupported", "UsageLog", "find_price", "forwarder_command", "install_forwarder",
-           "load_prices", "local_model_path", "shared_local_server"]
+           "SOCKET_NAME", "USAGE_LOG", "Backend", "BackendError", "BackendUnavailable", "Budget", "Gateway",
+           "GatewayThread", "Grant", "InspectBackend", "LocalEndpoint", "LocalModelServer", "ModelService",
+           "OpenAICompatibleBackend", "RoleModel", "Totals", "Unsupported", "UsageLog", "exec_prefix",
+           "find_price", "forwarder_command", "install_forwarder", "load_prices", "local_model_path",
+           "model_service", "shared_local_server", "summarise"]

@@ -67,6 +67,7 @@ class Grant:
     usage: UsageLog
     prices: dict[str, Mapping[str, float] | None]
     concurrency: int
+    phase: str | None = None  # when the run uses it (`agent`, `scoring`), recorded in each row
     slots: asyncio.Semaphore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -157,10 +158,11 @@ class Gateway:
 
     def grant(self, token: str | None = None, *, roles: Mapping[str, RoleModel], usage_path: Path,
               budget: Budget | None = None, run_id: str | None = None,
-              concurrency: int | None = None) -> Grant:
+              concurrency: int | None = None, phase: str | None = None) -> Grant:
         """Let the holder of `token` (a new random one if None) use `roles` within `budget`, logging to
         `usage_path`. Grants sharing a usage file share its totals, so a run granted again (after a
-        restart, or with a new token) keeps counting what it spent."""
+        restart, or with a new token) keeps counting what it spent, and a run's grants for different
+        phases (its agent, its scorings) draw on one budget, each row naming its `phase`."""
         if not roles:
             raise OpenRebenchError("a grant needs at least one role")
         budget = budget or Budget()
@@ -177,7 +179,7 @@ class Gateway:
             if log is None:
                 log = self._logs[path] = UsageLog(path)
             grant = Grant(token, run_id or path.parent.name, dict(roles), budget, log, prices,
-                          concurrency or self.concurrency)
+                          concurrency or self.concurrency, phase)
             self._grants[_digest(token)] = grant
             self._backends.update((id(m.backend), m.backend) for m in roles.values())
         return grant
@@ -371,7 +373,8 @@ class Gateway:
                 t0: float, *, status: int, prompt: int = 0, completion: int = 0,
                 error: str | None = None) -> None:
         log = grant.usage if grant is not None else self._anonymous
-        fields = {"grant": None if grant is None else grant.run_id, "role": role,
+        fields = {"grant": None if grant is None else grant.run_id,
+                  "phase": None if grant is None else grant.phase, "role": role,
                   "model": None if model is None else model.model_name, "endpoint": endpoint,
                   "status": status, "prompt_tokens": prompt, "completion_tokens": completion,
                   "price": None if grant is None or role is None else grant.prices[role],

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,11 +96,11 @@ class UsageLog:
     def record(self, *, grant: str | None, role: str | None, model: str | None, endpoint: str,
                status: int, prompt_tokens: int = 0, completion_tokens: int = 0,
                price: Mapping[str, float] | None = None, latency_s: float = 0.0,
-               error: str | None = None) -> dict[str, Any]:
+               error: str | None = None, phase: str | None = None) -> dict[str, Any]:
         """Append one row (one `write`, so a row is whole or torn, never interleaved) and count it."""
-        row = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "grant": grant, "role": role,
-               "model": model, "endpoint": endpoint, "prompt_tokens": prompt_tokens,
-               "completion_tokens": completion_tokens,
+        row = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "grant": grant,
+               "phase": phase, "role": role, "model": model, "endpoint": endpoint,
+               "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                "cost_usd": cost_usd(price, prompt_tokens, completion_tokens),
                "priced": None if model is None else price is not None,
                "latency_s": round(latency_s, 6), "status": status, "error": error}
@@ -125,3 +125,17 @@ class UsageLog:
             if isinstance(row, dict):
                 out.append(row)
         return out
+
+
+def summarise(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals of usage rows: overall, by role, by phase and by model (a request refused before it named
+    a granted model counts under the role and model `-`)."""
+    total = Totals()
+    groups: dict[str, dict[str, Totals]] = {"roles": {}, "phases": {}, "models": {}}
+    for row in rows:
+        total = total.add(row)
+        for key, field in (("roles", "role"), ("phases", "phase"), ("models", "model")):
+            name = str(row.get(field) or "-")
+            groups[key][name] = groups[key].get(name, Totals()).add(row)
+    return {"total": total.as_dict(), **{key: {name: t.as_dict() for name, t in sorted(found.items())}
+                                         for key, found in groups.items()}}
