@@ -106,6 +106,24 @@ class RunModels:
         models, budget = resolve_models(env, tier, overrides), resolve_budget(env, tier, usd, tokens)
         return cls(models, budget, {role: r.description for role, r in spec.models.items()})
 
+    @classmethod
+    def of_run(cls, run: Run) -> RunModels | None:
+        """The models a run was given (its grant.json), else its tier's defaults; None where it has none:
+        for scorings outside an attempt (`openrebench start`, `score`, `demo`)."""
+        env = run.env
+        found = cls.for_tier(env, run.info.tier)
+        path = run.path / GRANT_FILE
+        if found is None or not path.is_file():
+            return found
+        try:
+            given = json.loads(path.read_text())
+            models = {str(k): str(v) for k, v in given["models"].items()}
+            budget = Budget(**given.get("budget") or {})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise OpenRebenchError(f"{path} cannot be read ({type(e).__name__}): remove it to use the "
+                                   "tier's default models") from None
+        return cls(models, budget, found.descriptions)
+
     def _record(self, run: Run) -> None:
         path = run.path / GRANT_FILE
         if path.exists():
