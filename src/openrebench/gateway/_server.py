@@ -467,6 +467,11 @@ class GatewayThread:
         finally:
             await self.gateway.close()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still serves (it ends when stopped, or when its loop failed)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)

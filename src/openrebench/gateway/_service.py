@@ -129,7 +129,7 @@ class ModelService:
     def alive(self) -> bool:
         """Whether the gateway's thread serves (and its socket is in place)."""
         thread = self._thread
-        return thread is not None and thread._thread.is_alive() and self.socket_path.exists()
+        return thread is not None and thread.alive and self.socket_path.exists()
 
     def ensure(self) -> bool:
         """Start the gateway if it does not serve (first use, or its thread died), with every live grant

@@ -9,6 +9,7 @@ know is a one-line error of ours, not Inspect's warning that the argument went u
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -202,6 +203,10 @@ def _environment_task(env: type[Environment]) -> Callable[..., Task]:
     roles = declared_roles(env)
     make.__doc__ = f'RE-Bench "{env.title}" ({env.rebench_id}).' + (
         f" Model roles (-T ROLE=MODEL): {', '.join(roles)}." if roles else "")
+    if not roles:  # no **roles for Inspect to see: an unknown -T argument stays its warning, as before
+        signature = inspect.signature(make)
+        make.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD])
     return task(name=env_id)(make)
 
 
