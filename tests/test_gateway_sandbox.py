@@ -238,7 +238,7 @@ def test_a_backend_that_is_down_is_503_with_a_clear_message(open_box: Any) -> No
                                                                      retries=0))
     box = open_box(models={"judge": "test/down"})
     status, message = box.python(ASK + "print(json.dumps(ask()))")
-    assert status == 503 and "cannot be reached" in message
+    assert status == 503 and "the upstream http://127.0.0.1:9/v1 cannot be reached" in message, message
     assert box.rows()[0]["status"] == 503
 
 

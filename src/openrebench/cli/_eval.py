@@ -168,8 +168,8 @@ def eval_(
         help="The model of one of the environment's model roles, ROLE=MODEL (repeatable): an Inspect model "
              "or 'local' (the offline Gemma 3 270M). See `openrebench info ENV` for the roles.")] = None,
     model_budget_usd: Annotated[float | None, typer.Option(
-        min=0.0, min_open=True, help="Per-run budget in US$ for the environment's models (default: the "
-                                     "tier's), enforced by the model gateway.")] = None,
+        help="Per-run budget in US$ for the environment's models (default: the tier's), enforced by "
+             "the model gateway.")] = None,
     model_budget_tokens: Annotated[str | None, typer.Option(
         help="Per-run budget in tokens for the environment's models, e.g. 200k (default: the tier's)."
     )] = None,
