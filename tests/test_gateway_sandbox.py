@@ -173,7 +173,7 @@ def test_the_openai_package_and_curl_reach_the_granted_role_from_the_sandbox_and
     # another name here.
     (task,) = [environment_tasks()["toy_judge"](judge="mockllm/judge", isolation="bwrap")]
     config = task.sandbox.config  # type: ignore[union-attr]
-    assert config.models == {"judge": "mockllm/judge"}
+    assert dict(config.models) == {"judge": "mockllm/judge"}
     box = open_box(models=config.models)
     seen = box.python(ASK + """
 import os
@@ -300,7 +300,7 @@ def test_unknown_roles_and_bad_budgets_are_one_line_errors(installed: Path) -> N
         task_create("openrebench/toy_judge", model_budget_usd=-1)
     task = task_create("openrebench/toy_judge", judge="mockllm/other", model_budget_tokens="20k")
     config = task.sandbox.config  # type: ignore[union-attr]
-    assert (config.models, config.model_budget_tokens) == ({"judge": "mockllm/other"}, 20_000)
+    assert (dict(config.models), config.model_budget_tokens) == ({"judge": "mockllm/other"}, 20_000)
     assert task.metadata["env_models"] == {"judge": "mockllm/other"}
 
     runner = CliRunner()

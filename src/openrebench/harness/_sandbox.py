@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,14 @@ class SandboxConfig(BaseModel, frozen=True):
     max_processes: int = 1024
     cpus: float | None = None  # CPU time of the whole attempt, in cores (default: all of them)
     gpu_wait_s: float | None = None
-    models: dict[str, str] = {}
+    models: tuple[tuple[str, str], ...] = ()  # (role, model) pairs: Inspect hashes the config
     model_budget_usd: float | None = None
     model_budget_tokens: int | None = None
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        return tuple(sorted(value.items())) if isinstance(value, Mapping) else value
 
     @field_validator("isolation")
     @classmethod
@@ -143,7 +149,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
             raise ValueError("the openrebench sandbox needs a SandboxConfig")
         env = get_environment(config.env_id)
         spec = env.tier(config.tier)
-        models = RunModels.for_tier(env, config.tier, config.models, config.model_budget_usd,
+        models = RunModels.for_tier(env, config.tier, dict(config.models), config.model_budget_usd,
                                     config.model_budget_tokens)
         backend, passed_over = resolve_isolation(config.isolation)
         if models is not None and not backend.serves_models:
@@ -184,7 +190,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
         backend_cls = get_backend(isolation) if isolation else resolve_isolation(config.isolation)[0]
         if models is None:
             env = get_environment(run.info.env_id)
-            models = RunModels.for_tier(env, run.info.tier, config.models, config.model_budget_usd,
+            models = RunModels.for_tier(env, run.info.tier, dict(config.models), config.model_budget_usd,
                                         config.model_budget_tokens)
         if models is not None and not backend_cls.serves_models:
             raise RuntimeError(f"the {backend_cls.name} sandbox cannot give a run its models")
