@@ -1,6 +1,7 @@
 """What an environment author writes against: the Environment class and its tiers (typed params, constants
 from shipped calibration records), the files of a run, score results, the solution-process protocol, the
-tamper guard, progress reports of long builds, the asset cache.
+tamper guard, progress reports of long builds, the asset cache, the models an environment's code
+calls (`ModelRole`, `ModelBudget`).
 
 The bottom layer: it imports nothing else of openrebench, so an environment (built in or a
 third-party package) depends on this and on nothing that could change under it.
@@ -10,8 +11,11 @@ from openrebench.base import OpenRebenchError, cache_dir
 
 from ._calibration import NormConstants
 from ._environment import (
+    LOCAL_MODEL,
     Direction,
     Environment,
+    ModelBudget,
+    ModelRole,
     NoParams,
     ScoreResult,
     ShippedData,
@@ -24,9 +28,12 @@ from ._progress import StageUpdate, progress_display, reporting, show_progress, 
 from ._protocol import HostChannel, SolutionError, SolutionProcess
 
 __all__ = [
+    "LOCAL_MODEL",
     "Direction",
     "Environment",
     "HostChannel",
+    "ModelBudget",
+    "ModelRole",
     "NoParams",
     "NormConstants",
     "OpenRebenchError",

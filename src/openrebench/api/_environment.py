@@ -36,6 +36,42 @@ class NoParams(BaseModel, frozen=True):
     """The parameters of a tier that needs none."""
 
 
+LOCAL_MODEL = "local"
+"""The model spec of the offline default model (Gemma 3 270M served on this machine): needs no key."""
+
+# The Inspect task's own arguments: a role is overridden as `-T <role>=<model>`, so it cannot be named
+# like one of them.
+RESERVED_ROLE_NAMES = frozenset({"tier", "agent", "time_limit", "runs_dir", "isolation", "message_limit",
+                                 "token_limit", "model", "models", "model_budget_usd", "model_budget_tokens"})
+
+
+class ModelRole(BaseModel, frozen=True):
+    """A model the environment's code calls (the agent's code while it works, or the scorer): reached
+    in the sandbox through the harness's gateway, never with a key of its own.
+
+    Users override `model` per run (`openrebench eval --env-model ROLE=MODEL`, `-T ROLE=MODEL`).
+    """
+
+    description: str = Field(description="What the model is for, in a few words (`openrebench info`).")
+    model: str = Field(min_length=1, description=(
+        f"The tier's default: '{LOCAL_MODEL}' (the offline Gemma 3 270M, no key needed) or an Inspect "
+        "model name such as 'openai/gpt-4o-mini'."))
+
+
+class ModelBudget(BaseModel, frozen=True):
+    """What a run may spend on its environment's models, in US$, tokens (input plus output) or both:
+    enforced by the gateway (a request past it is refused with HTTP 429)."""
+
+    usd: float | None = Field(default=None, gt=0)
+    tokens: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Self:
+        if self.usd is None and self.tokens is None:
+            raise ValueError("a model budget needs usd, tokens or both")
+        return self
+
+
 P = TypeVar("P", bound=BaseModel)
 
 
@@ -68,6 +104,21 @@ class TierSpec(BaseModel, Generic[P]):
     constants: NormConstants | None = Field(default=None, description=(
         "Default constants given by hand, only where no record can be shipped (say why)."))
     paper_constants: NormConstants | None = None
+    models: dict[str, ModelRole] = Field(default_factory=dict, description=(
+        "The models the environment's code calls, by role (`judge`, `task_model`), each with the tier's "
+        "default model. A run is granted these roles and no others."))
+    model_budget: ModelBudget | None = Field(default=None, description=(
+        "The default budget of a run's calls to those models (None: unlimited)."))
+
+    @model_validator(mode="after")
+    def _role_names(self) -> Self:
+        for role in self.models:
+            if not role.isidentifier() or role.startswith("_") or role in RESERVED_ROLE_NAMES:
+                raise ValueError(f"model role {role!r}: a role is a Python identifier, not starting with "
+                                 f"'_' and none of {', '.join(sorted(RESERVED_ROLE_NAMES))}")
+        if self.model_budget is not None and not self.models:
+            raise ValueError("a model budget needs models (declare them in models=)")
+        return self
 
     @model_validator(mode="after")
     def _one_source_of_constants(self) -> Self:

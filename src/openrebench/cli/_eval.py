@@ -107,6 +107,26 @@ def _exit_code(failures: list[tuple[str, str, str]]) -> int:
     return 1 if failures else 0
 
 
+def parse_env_models(pairs: list[str], env_ids: list[str], tier: str) -> dict[str, dict[str, str]]:
+    """`--env-model ROLE=MODEL` values as each environment's overrides (an environment gets the roles
+    its tier declares; a role that none of them declares is an error, in one line)."""
+    wanted: dict[str, str] = {}
+    for pair in pairs:
+        role, sep, model = pair.partition("=")
+        role, model = role.strip(), model.strip()
+        if not sep or not role.isidentifier() or not model:
+            raise OpenRebenchError(f"bad --env-model '{pair}' (use ROLE=MODEL, e.g. judge=openai/gpt-4o-mini "
+                                   "or judge=local)")
+        wanted[role] = model
+    per_env = {e: {r: m for r, m in wanted.items() if r in get_env(e).tier(tier).models} for e in env_ids}
+    if unknown := sorted(set(wanted) - {r for found in per_env.values() for r in found}):
+        roles = sorted({r for e in env_ids for r in get_env(e).tier(tier).models})
+        raise OpenRebenchError(f"--env-model: no environment chosen has the model role "
+                               f"{', '.join(repr(r) for r in unknown)} in the {tier} tier (their roles: "
+                               f"{', '.join(roles) or 'none'})")
+    return per_env
+
+
 def _inspect_command() -> str:
     """`inspect` as a command that works as printed: the one beside this Python (the virtual
     environment's, even when it is not activated), else whatever `inspect` is on the PATH."""
@@ -144,6 +164,15 @@ def eval_(
     max_cost: Annotated[float, typer.Option(help="Stop before a react run whose cost bound (US$) is "
                                                  "above this, unless --yes.")] = 50.0,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Run even above --max-cost.")] = False,
+    env_model: Annotated[list[str] | None, typer.Option(
+        help="The model of one of the environment's model roles, ROLE=MODEL (repeatable): an Inspect model "
+             "or 'local' (the offline Gemma 3 270M). See `openrebench info ENV` for the roles.")] = None,
+    model_budget_usd: Annotated[float | None, typer.Option(
+        help="Per-run budget in US$ for the environment's models (default: the tier's), enforced by "
+             "the model gateway.")] = None,
+    model_budget_tokens: Annotated[str | None, typer.Option(
+        help="Per-run budget in tokens for the environment's models, e.g. 200k (default: the tier's)."
+    )] = None,
 ) -> None:
     """Run agents on environments through Inspect AI, then print a results table.
 
@@ -178,10 +207,15 @@ def eval_(
     if model is not None:
         check_client(model)
     seconds = duration(time_limit) if time_limit else None
+    env_models = parse_env_models(env_model or [], ids, tier)
+    budgets = {"model_budget_usd": model_budget_usd, "model_budget_tokens": model_budget_tokens}
+    if any(v is not None for v in budgets.values()) and not any(get_env(e).tier(tier).models for e in ids):
+        raise OpenRebenchError(f"--model-budget-*: no environment chosen declares models in the {tier} tier")
     # Making the tasks checks their arguments and the machine (nothing is set up yet).
     made = environment_tasks()
     tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
-                     isolation=isolation, message_limit=message_limit, token_limit=token_limit) for e in ids]
+                     isolation=isolation, message_limit=message_limit, token_limit=token_limit,
+                     **(budgets if get_env(e).tier(tier).models else {}), **env_models[e]) for e in ids]
     _check_gpus(ids, tier)
     if agent_spec.needs_model and model is not None:
         estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices,
@@ -190,6 +224,10 @@ def eval_(
         estimate.check(max_cost, yes)
     if model is not None:
         check_credentials(model)
+    # The environments' models too: the harness holds their keys, the sandboxes never see them.
+    env_specs = {m for t in tasks for m in (t.metadata or {}).get("env_models", {}).values()}
+    for spec in sorted(env_specs - {"local"}):
+        check_credentials(spec)
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
                "max_samples": max_samples, "display": display}

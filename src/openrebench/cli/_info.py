@@ -26,7 +26,7 @@ def list_() -> None:
 
 @user_errors
 def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None:
-    """Show an environment's tiers and normalisation constants."""
+    """Show an environment's tiers, normalisation constants and model roles."""
     from openrebench.runs import constants_for
 
     env = get_env(env_id)
@@ -44,4 +44,12 @@ def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None
         if spec.paper_constants:
             p = spec.paper_constants
             table.add_row("paper", f"start {p.start:.4f}, reference {p.reference:.4f} ({p.source})")
+        for role, r in spec.models.items():
+            table.add_row(f"model role {role}", f"{r.model} (default; --env-model {role}=MODEL): "
+                                                f"{r.description}")
+        if spec.models:
+            b = spec.model_budget
+            limits = [] if b is None else [*([f"${b.usd:g}"] if b.usd else []),
+                                           *([f"{b.tokens:,} tokens"] if b.tokens else [])]
+            table.add_row("model budget", " and ".join(limits) + " per run" if limits else "none")
         console.print(table)

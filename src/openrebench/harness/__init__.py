@@ -8,6 +8,7 @@ asked, so that importing the harness loads no plug-in.
 from ._limits import Limits, ended, results_caption
 from ._models import Estimate, check_client, check_credentials, estimate_run, load_prices
 from ._offline import use_local_tiktoken_cache
+from ._run_models import RunModels, declared_roles, model_usage
 from ._sandbox import OpenRebenchSandbox, SandboxConfig
 from ._task import (
     TIME_LIMIT_RANGE,
@@ -15,6 +16,7 @@ from ._task import (
     TaskArgError,
     check_time_limit,
     environment_tasks,
+    model_args,
     rebench_task,
     run_score,
 )
@@ -35,7 +37,7 @@ def __getattr__(name: str) -> tuple[str, ...]:
 
 
 __all__ = ["AGENTS", "ISOLATIONS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "AgentSpec", "Backend",
-           "Estimate", "Limits", "OpenRebenchSandbox", "SandboxConfig", "TaskArgError", "agent_limits",
-           "check_client", "check_credentials", "check_time_limit", "ended", "environment_tasks",
-           "estimate_run", "get_agent", "isolation_problem", "load_prices", "oracle", "rebench_task",
-           "results_caption", "run_score", "score", "score_log"]
+           "Estimate", "Limits", "OpenRebenchSandbox", "RunModels", "SandboxConfig", "TaskArgError",
+           "agent_limits", "check_client", "check_credentials", "check_time_limit", "declared_roles", "ended",
+           "environment_tasks", "estimate_run", "get_agent", "isolation_problem", "load_prices", "model_args",
+           "model_usage", "oracle", "rebench_task", "results_caption", "run_score", "score", "score_log"]

@@ -1,10 +1,11 @@
 """The agent's side of an attempt, whatever isolates it: the paths it sees and the host folder behind them.
 
 Every backend shows the agent the same places: the run's workspace at /workspace, the harness's
-`score` command and socket at /run/openrebench, and its own home, /tmp, /opt and /var/tmp, which
-last for the whole attempt (a shell's files in /tmp survive between tool calls; a human agent's
-tools live in /opt and its session records in /var/tmp). `AgentHome` is the host folder holding
-the harness's part and the agent's own places, made once per attempt.
+`score` command and socket at /run/openrebench (and, where the run has models, the gateway's socket
+folder at /run/openrebench/gateway and `gateway-forward` beside `score`), and its own home, /tmp,
+/opt and /var/tmp, which last for the whole attempt (a shell's files in /tmp survive between tool
+calls; a human agent's tools live in /opt and its session records in /var/tmp). `AgentHome` is the
+host folder holding the harness's part and the agent's own places, made once per attempt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from openrebench.isolation._bwrap import sandbox_path
 
 WORKSPACE = "/workspace"
 HARNESS_DIR = "/run/openrebench"
+GATEWAY_DIR = f"{HARNESS_DIR}/gateway"  # the model gateway's socket folder, where the run has models
+GATEWAY_PORT = 4141
+"""Where `OPENAI_BASE_URL` points inside a sandbox without network (its own loopback, so the same port
+for every run); a command that shares the host's network gets a free port instead."""
 HOME = "/home/agent"
 STATE_DIRS = {"home": HOME, "tmp": "/tmp", "opt": "/opt", "var-tmp": "/var/tmp"}
 
@@ -73,6 +78,12 @@ class AgentHome:
     @property
     def socket(self) -> Path:
         return self.run_dir / "score.sock"
+
+    @property
+    def gateway_mount(self) -> Path:
+        """The empty folder the gateway's socket folder is bound over (bwrap cannot make it in the
+        read-only /run/openrebench)."""
+        return self.run_dir / "gateway"
 
     @property
     def etc(self) -> Path:

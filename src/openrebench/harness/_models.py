@@ -2,8 +2,7 @@
 
 Inspect checks a provider's client only when `eval` creates the model, with its own pip hint;
 `check_client` names the openrebench extra that installs it, before any run is set up.
-The installed Inspect's model database has no prices (its `ModelCost` is filled only by
-`--model-cost-config`), so a small table of list prices ships here, overridable with `--prices`.
+The prices come from the gateway's table (`openrebench.gateway`), overridable with `--prices`.
 """
 
 from __future__ import annotations
@@ -11,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
-import json
 import re
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from openrebench.api import OpenRebenchError
+from openrebench.gateway import find_price, load_prices
 from openrebench.runs import get_environment
 
 from ._limits import Limits, fmt_duration, fmt_tokens
@@ -36,38 +34,6 @@ CLIENTS: dict[str, tuple[str, str, str, str, str]] = {  # provider: (module, pac
     "google": ("google.genai", "google-genai", "1.69.0", "Google's genai client", "google"),
     # torch and transformers are core dependencies; Inspect's hf provider also wants accelerate.
     "hf": ("accelerate", "accelerate", "1.0.0", "Hugging Face accelerate", "hf"),
-}
-
-# Providers that run the model on this machine (or a server the user runs): no per-token price.
-LOCAL_PROVIDERS = {"hf", "vllm", "vllm-completions", "sglang", "ollama", "llama-cpp-python", "mockllm",
-                   "none", "transformer_lens", "nnterp"}
-
-PRICES_DATE = "2025-10"
-# US$ per 1M tokens: the providers' list prices (standard tier, prompts under 200k tokens) as published
-# in October 2025. They change; pass --prices FILE for current or negotiated ones.
-LIST_PRICES: dict[str, dict[str, float]] = {
-    "openai/gpt-5": {"input": 1.25, "output": 10.0},
-    "openai/gpt-5-mini": {"input": 0.25, "output": 2.0},
-    "openai/gpt-5-nano": {"input": 0.05, "output": 0.40},
-    "openai/gpt-4.1": {"input": 2.0, "output": 8.0},
-    "openai/gpt-4.1-mini": {"input": 0.40, "output": 1.60},
-    "openai/gpt-4.1-nano": {"input": 0.10, "output": 0.40},
-    "openai/gpt-4o": {"input": 2.50, "output": 10.0},
-    "openai/gpt-4o-2024-05-13": {"input": 5.0, "output": 15.0},
-    "openai/gpt-4o-mini": {"input": 0.15, "output": 0.60},
-    "openai/o1": {"input": 15.0, "output": 60.0},
-    "openai/o3": {"input": 2.0, "output": 8.0},
-    "openai/o3-mini": {"input": 1.10, "output": 4.40},
-    "openai/o4-mini": {"input": 1.10, "output": 4.40},
-    "anthropic/claude-opus-4-1": {"input": 15.0, "output": 75.0},
-    "anthropic/claude-opus-4-0": {"input": 15.0, "output": 75.0},
-    "anthropic/claude-sonnet-4-5": {"input": 3.0, "output": 15.0},
-    "anthropic/claude-sonnet-4-0": {"input": 3.0, "output": 15.0},
-    "anthropic/claude-3-7-sonnet-latest": {"input": 3.0, "output": 15.0},
-    "anthropic/claude-haiku-4-5": {"input": 1.0, "output": 5.0},
-    "anthropic/claude-3-5-haiku-latest": {"input": 0.80, "output": 4.0},
-    "google/gemini-2.5-pro": {"input": 1.25, "output": 10.0},
-    "google/gemini-2.5-flash": {"input": 0.30, "output": 2.50},
 }
 
 def _short(path: Path) -> str:
@@ -130,32 +96,6 @@ def check_credentials(model: str) -> None:
         with contextlib.suppress(Exception):  # Inspect words these for its own console, in rich markup
             text = Text.from_markup(text).plain
         raise OpenRebenchError(f"the model {model} cannot be used here: {text}") from None
-
-
-def _undated(model: str) -> str:
-    return re.sub(r"-(\d{8}|\d{4}-\d{2}-\d{2})$", "", model)
-
-
-def find_price(model: str, prices: Mapping[str, Mapping[str, float]] | None = None
-               ) -> tuple[dict[str, float] | None, str]:
-    """US$ per 1M input/output tokens and where they come from (None: unknown)."""
-    if prices and model in prices:
-        return dict(prices[model]), "from --prices"
-    provider = model.split("/", 1)[0]
-    if provider in LOCAL_PROVIDERS:
-        return {"input": 0.0, "output": 0.0}, "runs locally"
-    try:
-        from inspect_ai.model import get_model_info
-
-        info = get_model_info(model)
-        if info is not None and info.cost is not None:
-            return {"input": info.cost.input, "output": info.cost.output}, "from Inspect's model data"
-    except Exception:  # a lookup that has to create the provider may fail without its settings
-        pass
-    for name in (model, _undated(model)):
-        if name in LIST_PRICES:
-            return dict(LIST_PRICES[name]), f"list prices of {PRICES_DATE}, may be stale: --prices FILE"
-    return None, "unknown"
 
 
 @dataclass(frozen=True)
@@ -221,23 +161,6 @@ class Estimate:
             raise OpenRebenchError(f"the cost bound ${self.bound:,.2f} is above --max-cost ${max_cost:,.2f}: "
                                    "pass --yes to run anyway, or lower --token-limit, --epochs or the "
                                    "number of environments")
-
-
-def load_prices(path: Path) -> dict[str, dict[str, float]]:
-    """Dollars per million tokens by Inspect model name: {"openai/gpt-4o": {"input": 2.5, "output": 10}}."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise OpenRebenchError(f"{path} does not exist") from None
-    except ValueError as e:
-        raise OpenRebenchError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
-
-    def ok(v: object) -> bool:
-        return isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
-
-    if not isinstance(raw, dict) or not all(ok(v) for v in raw.values()):
-        raise OpenRebenchError(f"{path}: expected {{model: {{\"input\": $/1M, \"output\": $/1M}}}}")
-    return {str(k): {str(a): float(b) for a, b in v.items()} for k, v in raw.items()}
 
 
 def estimate_run(model: str, env_ids: list[str], tier: str, seconds: float | None, epochs: int,

@@ -7,6 +7,11 @@ memory and process limits) and the scoring service on a Unix socket that the san
 score log; the agent's commands and files go through the backend (`backends/`), which under bwrap
 runs them as an unprivileged uid with the workspace and its own home and /tmp as the only writable
 places.
+
+Where the tier declares models (`TierSpec.models`), the run is granted them on the process's model
+gateway (`_run_models.py`): the agent's commands get OPENAI_BASE_URL and a token of their own as
+OPENAI_API_KEY, each scoring a grant of its own; the gateway is checked (and started again if it
+stopped) before each command and scoring, and the grants are revoked when the sample ends.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +36,23 @@ from inspect_ai.util import (
 from pydantic import BaseModel, field_validator
 
 from openrebench.api import reporting
+from openrebench.gateway import SOCKET_NAME, install_forwarder
 from openrebench.isolation import Cgroup, GpuLease
 from openrebench.runs import Run, ScoreRow, get_environment, score_run, start_run
 
 from ._layout import AgentHome
 from ._progress import InspectProgress
+from ._run_models import RunModels
 from ._score_service import ScoringService, format_log, install_client
-from .backends import Attempt, Backend, get_backend, isolations, resolve_isolation, warn_unisolated
+from .backends import (
+    Attempt,
+    Backend,
+    ModelAccess,
+    get_backend,
+    isolations,
+    resolve_isolation,
+    warn_unisolated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +61,9 @@ class SandboxConfig(BaseModel, frozen=True):
     """What a sample's sandbox needs: the environment, its tier, where runs go, how to isolate.
 
     isolation: a backend's name (`bwrap`: required; `local`: none, with a loud warning; installed
-    plug-ins), or `auto` (bwrap where it starts, else local with the warning).
+    plug-ins), or `auto` (bwrap where it starts, else local with the warning). models: the model of
+    each role the user chose (the tier's default for the others); model_budget_*: the run's budget for
+    them (default: the tier's).
     """
 
     env_id: str
@@ -58,6 +76,14 @@ class SandboxConfig(BaseModel, frozen=True):
     max_processes: int = 1024
     cpus: float | None = None  # CPU time of the whole attempt, in cores (default: all of them)
     gpu_wait_s: float | None = None
+    models: tuple[tuple[str, str], ...] = ()  # (role, model) pairs: Inspect hashes the config
+    model_budget_usd: float | None = None
+    model_budget_tokens: int | None = None
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        return tuple(sorted(value.items())) if isinstance(value, Mapping) else value
 
     @field_validator("isolation")
     @classmethod
@@ -85,13 +111,14 @@ class OpenRebenchSandbox(SandboxEnvironment):
     and the scoring service."""
 
     def __init__(self, run: Run, config: SandboxConfig, home: AgentHome, backend: Backend,
-                 lease: GpuLease | None) -> None:
+                 lease: GpuLease | None, models: RunModels | None = None) -> None:
         super().__init__()
         self.run = run
         self.config = config
         self.home = home
         self.backend = backend
         self.lease = lease
+        self.models = models
         self.service = ScoringService(score=self._score_text, log=lambda: format_log(self.run))
         self._score_lock = asyncio.Lock()
         self._clock: Any = None
@@ -120,8 +147,14 @@ class OpenRebenchSandbox(SandboxEnvironment):
                           metadata: dict[str, str]) -> dict[str, SandboxEnvironment]:
         if not isinstance(config, SandboxConfig):
             raise ValueError("the openrebench sandbox needs a SandboxConfig")
-        spec = get_environment(config.env_id).tier(config.tier)
+        env = get_environment(config.env_id)
+        spec = env.tier(config.tier)
+        models = RunModels.for_tier(env, config.tier, dict(config.models), config.model_budget_usd,
+                                    config.model_budget_tokens)
         backend, passed_over = resolve_isolation(config.isolation)
+        if models is not None and not backend.serves_models:
+            raise RuntimeError(f"the {backend.name} sandbox cannot give a run its models ({config.env_id} "
+                               "declares some)")
         warn_unisolated(backend, passed_over)
         lease = None
         if spec.gpu_count and backend.leases_gpus:
@@ -134,39 +167,65 @@ class OpenRebenchSandbox(SandboxEnvironment):
             with reporting(InspectProgress()):  # asset builds show in Inspect's footer
                 run, row = await anyio.to_thread.run_sync(
                     lambda: start_run(config.env_id, config.tier, path, sandboxed=backend.sandboxed_scoring,
-                                      devices=devices))
+                                      devices=devices, access=models.scoring if models else None))
             if row is not None and row.details.get("infrastructure"):
                 # No baseline: an attempt now would be scored against a broken harness, not the agent.
                 raise RuntimeError(f"{run.path}: the starting solution could not be scored: {row.message} "
                                    f"(row #{row.index} of {run.score_log_path})")
-            return {"default": await cls.for_run(run, config, isolation=backend.name, lease=lease)}
+            return {"default": await cls.for_run(run, config, isolation=backend.name, lease=lease,
+                                                 models=models)}
         except BaseException:
+            if models:
+                models.close()
             if lease:
                 lease.release()
             raise
 
     @classmethod
     async def for_run(cls, run: Run, config: SandboxConfig, *, isolation: str | None = None,
-                      lease: GpuLease | None = None) -> OpenRebenchSandbox:
+                      lease: GpuLease | None = None, models: RunModels | None = None) -> OpenRebenchSandbox:
         """A sandbox over an existing run, its backend and scoring service started. `isolation`: a
-        backend's name (default: the config's, `auto` resolved here, without the warning)."""
+        backend's name (default: the config's, `auto` resolved here, without the warning). `models`:
+        the run's (default: from the config, where its tier declares any), granted here."""
         backend_cls = get_backend(isolation) if isolation else resolve_isolation(config.isolation)[0]
+        if models is None:
+            env = get_environment(run.info.env_id)
+            models = RunModels.for_tier(env, run.info.tier, dict(config.models), config.model_budget_usd,
+                                        config.model_budget_tokens)
+        if models is not None and not backend_cls.serves_models:
+            raise RuntimeError(f"the {backend_cls.name} sandbox cannot give a run its models")
         home = AgentHome.create(run.workspace)
         install_client(home.bin_dir)
+        access = None
+        try:
+            if models is not None:
+                grant = await anyio.to_thread.run_sync(lambda: models.agent(run))
+                install_forwarder(home.bin_dir)
+                home.gateway_mount.mkdir()
+                access = ModelAccess(models.service.socket_dir, SOCKET_NAME, grant.token)
+        except BaseException:
+            if models is not None:
+                models.close()
+            home.remove()
+            raise
         backend = backend_cls(Attempt(run, home, lease, network=config.network,
                                       memory_bytes=int(config.memory_limit_gb * 1024**3),
-                                      max_processes=config.max_processes, cpus=config.cpus))
+                                      max_processes=config.max_processes, cpus=config.cpus, models=access))
         try:
             await backend.start()
-            box = cls(run, config, home, backend, lease)
+            box = cls(run, config, home, backend, lease, models)
             await box.service.start(home.socket)
         except BaseException:  # the lease is the caller's to release
+            if models is not None:
+                models.close()
             await backend.stop()
             home.remove()
             raise
         return box
 
     async def close(self) -> None:
+        if self.models is not None:
+            self.models.close()
         self.service.close()
         await self.backend.stop()
         if self.lease is not None:
@@ -201,8 +260,10 @@ class OpenRebenchSandbox(SandboxEnvironment):
             try:
                 if freeze and await anyio.to_thread.run_sync(self.backend.freeze, True) is False:
                     logger.warning("the agent's processes of %s could not all be frozen", self.run.path)
+                access = self.models.scoring if self.models else None
                 return await anyio.to_thread.run_sync(lambda: score_run(
-                    self.run, elapsed_s=elapsed, sandboxed=self.backend.sandboxed_scoring, devices=devices))
+                    self.run, elapsed_s=elapsed, sandboxed=self.backend.sandboxed_scoring, devices=devices,
+                    access=access))
             finally:
                 if freeze and await anyio.to_thread.run_sync(self.backend.freeze, False) is False:
                     logger.warning("the agent's processes of %s could not be thawed", self.run.path)
@@ -220,7 +281,13 @@ class OpenRebenchSandbox(SandboxEnvironment):
                    timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
         """Run `cmd` in the sandbox. `user` is ignored: every command runs as the sandbox's one user."""
         self.working_time_s()  # remember the sample's clock for scorings asked over the socket
+        await self._gateway_alive()
         return await self.backend.exec(cmd, input=input, cwd=cwd, env=env, timeout=timeout)
+
+    async def _gateway_alive(self) -> None:
+        """Start the model gateway again if it stopped (a check of a thread and a file, where it did not)."""
+        if self.models is not None and not self.models.service.alive:
+            await anyio.to_thread.run_sync(self.models.ensure)
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         await self.backend.write_file(file, contents)

@@ -1,18 +1,26 @@
 """Inspect tasks: one per environment, with the agent (from the agents registry), the sandbox, the
-time limit and the run's score."""
+time limit and the run's score.
+
+An environment whose tiers declare models takes each role as a task argument (`-T judge=MODEL`), as
+well as `-T model_budget_usd=` and `-T model_budget_tokens=`: the task function takes `**roles`
+(Inspect passes every -T argument to a task with a variadic keyword parameter), so a role it does not
+know is a one-line error of ours, not Inspect's warning that the argument went unused.
+"""
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import Score, Scorer, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
-from openrebench.api import Environment, OpenRebenchError
+from openrebench.api import LOCAL_MODEL, Environment, OpenRebenchError
 from openrebench.runs import (
     environment_classes,
     final_row,
@@ -21,6 +29,9 @@ from openrebench.runs import (
     tier_hardware_problem,
 )
 
+from ._limits import parse_count
+from ._models import check_client
+from ._run_models import check_models, declared_roles, model_usage, resolve_budget, resolve_models
 from ._sandbox import SandboxConfig, run_sandbox
 from .agents import agent_names, get_agent
 from .backends import isolations
@@ -28,7 +39,9 @@ from .backends import isolations
 
 @scorer(metrics=[mean(), stderr()])
 def run_score() -> Scorer:
-    """The run's final normalised score; metadata holds the raw score, the log and the fingerprint."""
+    """The run's final normalised score; metadata holds the raw score, the log and the fingerprint, and
+    where the environment has models, what the run was given and used of them (`models`: totals
+    overall and by role, phase and model, from the run's usage log)."""
 
     async def execute(state: TaskState, target: Target) -> Score:
         run = run_sandbox().run
@@ -36,12 +49,12 @@ def run_score() -> Scorer:
         rows, warnings = run.rows()
         raw, normalised = final_score(rows, env.direction, run.info.constants)
         row = final_row(rows, env.direction)
+        metadata = {"raw": raw, "run_dir": str(run.path), "fingerprint": run.info.model_dump(mode="json"),
+                    "score_log": [r.model_dump(mode="json") for r in rows], "log_warnings": warnings}
+        if (usage := model_usage(run)) is not None:
+            metadata["models"] = usage
         return Score(value=normalised, answer=None if raw is None else f"{raw:.6g}",
-                     explanation=row.message if row else "no valid score",
-                     metadata={"raw": raw, "run_dir": str(run.path),
-                               "fingerprint": run.info.model_dump(mode="json"),
-                               "score_log": [r.model_dump(mode="json") for r in rows],
-                               "log_warnings": warnings})
+                     explanation=row.message if row else "no valid score", metadata=metadata)
 
     return execute
 
@@ -73,6 +86,45 @@ def check_time_limit(seconds: float, what: str | None = None) -> float:
     return float(seconds)
 
 
+def _number(value: float | str | None, what: str) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TaskArgError(f"{what} '{value}' is not a number") from None
+    if not (math.isfinite(number) and number > 0):
+        raise TaskArgError(f"{what} must be positive (got {value})")
+    return number
+
+
+def model_args(env_id: str, tier: str, roles: Mapping[str, Any], usd: float | str | None = None,
+               tokens: int | str | None = None) -> tuple[dict[str, str], float | None, int | None]:
+    """Check the model task arguments (a model per role, the budget): the overrides and the budget's
+    limits as numbers, else a one-line TaskArgError."""
+    env = get_environment(env_id)
+    known = declared_roles(env)
+    for role in roles:
+        if role not in known:
+            names = ", ".join(known) or "none"
+            raise TaskArgError(f"unknown task argument '{role}' for {env_id}: neither an argument of the "
+                               f"task nor one of its model roles ({names})")
+    usd_limit = _number(usd, "model_budget_usd")
+    try:
+        token_limit = parse_count(tokens if tokens != "" else None, "model_budget_tokens")
+        overrides = {role: str(model) for role, model in roles.items() if model is not None}
+        models = resolve_models(env, tier, overrides)
+        budget = resolve_budget(env, tier, usd_limit, token_limit)
+        for model in sorted(set(models.values()) - {LOCAL_MODEL}):
+            check_client(model)
+        check_models(models, budget)
+    except OpenRebenchError as e:
+        raise TaskArgError(str(e)) from None
+    if (usd_limit is not None or token_limit is not None) and not models:
+        raise TaskArgError(f"{env_id} ({tier}) declares no models: a model budget has nothing to limit")
+    return overrides, usd_limit, token_limit
+
+
 def _task_args(env_id: str, tier: str, agent: str, time_limit: float | str | None, isolation: str) -> float:
     """Check the task arguments as Inspect passes them (`-T` values arrive as strings or numbers);
     returns the working time in seconds (default: the tier's)."""
@@ -97,17 +149,26 @@ def _task_args(env_id: str, tier: str, agent: str, time_limit: float | str | Non
 
 def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
                  time_limit: float | str | None = None, runs_dir: str = "runs", isolation: str = "auto",
-                 message_limit: int | str | None = None, token_limit: int | str | None = None) -> Task:
+                 message_limit: int | str | None = None, token_limit: int | str | None = None,
+                 models: Mapping[str, str] | None = None, model_budget_usd: float | str | None = None,
+                 model_budget_tokens: int | str | None = None) -> Task:
     """The Inspect task for one environment; `time_limit` is the working time in seconds (default: the
     tier's), `runs_dir` where run directories go (made absolute here, so the runs stay put whatever
-    the working directory of the code that reads them)."""
+    the working directory of the code that reads them); `models` the model of each role the user
+    chose, `model_budget_*` the run's budget for them (default: the tier's)."""
     env = get_environment(env_id)
     seconds = _task_args(env_id, tier, agent, time_limit, isolation)
+    overrides, usd, tokens = model_args(env_id, tier, models or {}, model_budget_usd, model_budget_tokens)
     runs_dir = str(Path(runs_dir).expanduser().resolve())
     agent_spec = get_agent(agent)
     limits = agent_spec.limits(seconds, message_limit, token_limit)
     config = SandboxConfig(env_id=env_id, tier=tier, runs_dir=runs_dir, isolation=isolation,
-                           time_limit_s=seconds)
+                           time_limit_s=seconds, models=overrides, model_budget_usd=usd,
+                           model_budget_tokens=tokens)
+    env_models = resolve_models(env, tier, overrides)
+    budget = resolve_budget(env, tier, usd, tokens)
+    model_meta = {"env_models": env_models,
+                  "env_model_budget": {"usd": budget.usd, "tokens": budget.tokens}} if env_models else {}
     return Task(
         dataset=[Sample(input=env.instructions(tier, seconds), id=f"{env_id}-{tier}",
                         metadata={"env_id": env_id, "tier": tier})],
@@ -121,7 +182,8 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
         # What the analysis needs of the environment, so that its logs still read right once it is no
         # longer installed (a plug-in removed).
         metadata={"env_id": env_id, "tier": tier, "agent": agent, "rebench_id": env.rebench_id,
-                  "score_visible": env.score_visible, "direction": str(env.direction), **limits.metadata()},
+                  "score_visible": env.score_visible, "direction": str(env.direction), **limits.metadata(),
+                  **model_meta},
     )
 
 
@@ -132,11 +194,19 @@ def _environment_task(env: type[Environment]) -> Callable[..., Task]:
 
     def make(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
              runs_dir: str = "runs", isolation: str = "auto", message_limit: int | str | None = None,
-             token_limit: int | str | None = None) -> Task:
-        return rebench_task(env_id, tier, agent, time_limit, runs_dir, isolation, message_limit, token_limit)
+             token_limit: int | str | None = None, model_budget_usd: float | str | None = None,
+             model_budget_tokens: int | str | None = None, **roles: str) -> Task:
+        return rebench_task(env_id, tier, agent, time_limit, runs_dir, isolation, message_limit, token_limit,
+                            roles, model_budget_usd, model_budget_tokens)
 
     make.__name__ = make.__qualname__ = env_id
-    make.__doc__ = f'RE-Bench "{env.title}" ({env.rebench_id}).'
+    roles = declared_roles(env)
+    make.__doc__ = f'RE-Bench "{env.title}" ({env.rebench_id}).' + (
+        f" Model roles (-T ROLE=MODEL): {', '.join(roles)}." if roles else "")
+    if not roles:  # no **roles for Inspect to see: an unknown -T argument stays its warning, as before
+        signature = inspect.signature(make)
+        make.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD])
     return task(name=env_id)(make)
 
 

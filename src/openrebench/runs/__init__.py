@@ -19,7 +19,15 @@ from ._normalise import final_row, final_score, normalise
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
 from ._run import Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
-from ._scoring import calibrate_environment, run_scorer, score_run, snapshot_workspace, start_run
+from ._scoring import (
+    ScoringAccess,
+    ScoringAccessFn,
+    calibrate_environment,
+    run_scorer,
+    score_run,
+    snapshot_workspace,
+    start_run,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -28,6 +36,8 @@ __all__ = [
     "Run",
     "RunInfo",
     "ScoreRow",
+    "ScoringAccess",
+    "ScoringAccessFn",
     "Stats",
     "append_row",
     "calibrate",

@@ -16,7 +16,9 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -218,11 +220,30 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
 SCORE_DIR = "/score"
 
 
+@dataclass(frozen=True)
+class ScoringAccess:
+    """What a scorer is given beyond the snapshot and the protected folder (the run's models, through
+    the harness's gateway): folders bound into its sandbox, environment variables, a command its process
+    is started through (inside the sandbox, so it shares the scorer's network namespace), and `report`,
+    called once the scorer has ended, whose entries go into the row's details. Whoever makes it knows
+    whether the scoring is sandboxed (binds and paths differ), hence `ScoringAccessFn`."""
+
+    binds: tuple[Bind, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    prefix: tuple[str, ...] = ()
+    report: Callable[[], Mapping[str, Any]] | None = None
+
+
+ScoringAccessFn = Callable[["Run", bool], AbstractContextManager[ScoringAccess | None]]
+"""(run, sandboxed) -> a context holding the access for one scoring (granted on entry, revoked on exit)."""
+
+
 RUN_CGROUP_ENV = "OPENREBENCH_RUN_CGROUP"
 
 
 def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], cgroup: Cgroup | None,
-                       run_group: Cgroup | None = None) -> tuple[list[str], dict[str, str]]:
+                       run_group: Cgroup | None = None, access: ScoringAccess | None = None
+                       ) -> tuple[list[str], dict[str, str]]:
     """The scorer inside a fresh bubblewrap sandbox: the snapshot and `protected/` (read-only) are
     all it sees of the run. As root, the scorer keeps root (it must read `protected/`, which is
     root-only) and starts the solution's code as an unprivileged uid that can read neither.
@@ -243,23 +264,26 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
                    for i, d in enumerate(run_group.dirs if run_group else [])]
     if group_binds:
         env[RUN_CGROUP_ENV] = ":".join(b.dest for b in group_binds)
+    access = access or ScoringAccess()
+    env = {**access.env, **env}  # the access adds variables, never replaces the scorer's own
     spec = SandboxSpec(
         binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
-               Bind(protected, f"{SCORE_DIR}/protected"), *group_binds],
+               Bind(protected, f"{SCORE_DIR}/protected"), *group_binds, *access.binds],
         cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False, plugins=True,
         limits=Limits(max_processes=None if cgroup else 4096))
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
     # shipping openrebench/ or torch/ would replace the scorer's own modules.
-    cmd = bwrap_command([sys.executable, "-P", "-m", "openrebench.runs._scorer_main"], spec)
+    cmd = bwrap_command([*access.prefix, sys.executable, "-P", "-m", "openrebench.runs._scorer_main"], spec)
     paths = {"solution": f"{SCORE_DIR}/solution", "protected": f"{SCORE_DIR}/protected"}
     return [*(cgroup.enter_prefix() if cgroup else []), *cmd], paths
 
 
 def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeout_s: float,
-               memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = ()) -> ScoreResult:
+               memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = (),
+               access: ScoringAccess | None = None) -> ScoreResult:
     """Run the environment's scorer in a fresh process with a wall-clock and a resident-memory limit:
-    in a bubblewrap sandbox with `sandboxed`, else in its own PID namespace where one can be made.
-    Any failure becomes an invalid result."""
+    in a bubblewrap sandbox with `sandboxed`, else in its own PID namespace where one can be made,
+    with what `access` adds. Any failure becomes an invalid result."""
     nonce = secrets.token_hex(16)
     limit = memory_limit_gb * 1024**3
     cgroup = None
@@ -269,14 +293,18 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
         if cgroup is not None:
             with contextlib.suppress(OSError):
                 run_group = cgroup.child("run")
-        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group)
+        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group, access)
+        env = None
     else:
-        cmd = [*pid_namespace_prefix(), sys.executable, "-P", "-m", "openrebench.runs._scorer_main"]
+        prefix = access.prefix if access else ()
+        cmd = [*pid_namespace_prefix(), *prefix, sys.executable, "-P", "-m", "openrebench.runs._scorer_main"]
         paths = {"solution": str(solution), "protected": str(protected)}
+        env = _scorer_env()
+        if access and access.env:
+            env = {**(env or os.environ), **access.env}
     config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
     try:
-        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup,
-                      env=None if sandboxed else _scorer_env())
+        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup, env=env)
     finally:
         if cgroup is not None:
             cgroup.close()
@@ -396,7 +424,8 @@ def _protected_problem(run: Run) -> str | None:
 
 
 def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
-                    devices: Sequence[str] | None) -> tuple[ScoreResult, str, list[str]]:
+                    devices: Sequence[str] | None, access: ScoringAccessFn | None = None
+                    ) -> tuple[ScoreResult, str, list[str]]:
     env = run.env
     tier = env.tier(run.info.tier)
     with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-", ignore_cleanup_errors=True) as tmp:
@@ -412,15 +441,20 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
             sandboxed = scoring_sandbox_default()
         if devices is None:
             devices = all_gpu_nodes() if tier.device == "cuda" else []
-        result = run_scorer(env.id, tier.name, snapshot, run.protected,
-                            timeout_s=timeout_s or tier.score_timeout_s,
-                            memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices)
+        with access(run, sandboxed) if access else nullcontext(None) as given:
+            result = run_scorer(env.id, tier.name, snapshot, run.protected,
+                                timeout_s=timeout_s or tier.score_timeout_s,
+                                memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices,
+                                access=given)
+            if given is not None and given.report is not None:
+                result.details.update(given.report())
     return result, sha, notes
 
 
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
               charged: bool = True, timeout_s: float | None = None, elapsed_s: float | None = None,
-              sandboxed: bool | None = None, devices: Sequence[str] | None = None) -> ScoreRow:
+              sandboxed: bool | None = None, devices: Sequence[str] | None = None,
+              access: ScoringAccessFn | None = None) -> ScoreRow:
     """Score the run's current workspace and append the row to its score log: exactly one row, whatever
     the solution or the harness did (a harness exception becomes an infrastructure row, re-raised
     afterwards only if it was an interruption).
@@ -428,12 +462,13 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
     `timeout_s` overrides the tier's scoring time limit (tests use it to stop hanging solutions fast);
     `elapsed_s` is the working time to log (the harness's clock; default: wall-clock since the start);
     `sandboxed` defaults to `scoring_sandbox_default()`; `devices` are the GPU nodes the scorer may
-    use (default: all of them, for tiers that need a GPU).
+    use (default: all of them, for tiers that need a GPU); `access` what the scorer is given besides
+    (the run's models: see `ScoringAccess`).
     """
     started = time.monotonic()
     sha, notes, interrupted = "", [], None
     try:
-        result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices)
+        result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices, access)
     except BaseException as e:  # the harness's own failure: still one row
         interrupted = None if isinstance(e, Exception) else e
         what = "scoring was interrupted" if interrupted else "the harness failed while scoring"
@@ -463,9 +498,10 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
 
 def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None = None,
               score_start: bool = True, sandboxed: bool | None = None,
-              devices: Sequence[str] | None = None) -> tuple[Run, ScoreRow | None]:
+              devices: Sequence[str] | None = None,
+              access: ScoringAccessFn | None = None) -> tuple[Run, ScoreRow | None]:
     """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution
-    (skipped with `score_start=False`, for calibration and tests).
+    (skipped with `score_start=False`, for calibration and tests), given `access` (see `score_run`).
 
     Everything up to the scoring is built in a hidden folder beside `path` and renamed into place
     when complete, so a failed or interrupted set-up leaves no half-made run behind."""
@@ -489,8 +525,8 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
         shutil.rmtree(partial, ignore_errors=True)
         raise
     run = Run(path, run.info)
-    row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices) \
-        if score_start else None
+    row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices,
+                    access=access) if score_start else None
     run.mark_started()
     return run, row
 

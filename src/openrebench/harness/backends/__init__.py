@@ -16,7 +16,7 @@ import warnings
 from openrebench.base import OpenRebenchError
 from openrebench.base._plugins import check_name, discover
 
-from ._base import Attempt, Backend, Launch
+from ._base import Attempt, Backend, Launch, ModelAccess
 
 ENTRY_POINT_GROUP = "openrebench.sandbox_backends"
 AUTO = "auto"
@@ -88,5 +88,6 @@ def refresh() -> None:
     backend_classes.cache_clear()
 
 
-__all__ = ["AUTO", "ENTRY_POINT_GROUP", "Attempt", "Backend", "Launch", "backend_classes", "get_backend",
+__all__ = ["AUTO", "ENTRY_POINT_GROUP", "Attempt", "Backend", "Launch", "ModelAccess", "backend_classes",
+           "get_backend",
            "isolation_problem", "isolations", "refresh", "resolve_isolation", "warn_unisolated"]

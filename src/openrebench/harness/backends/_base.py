@@ -13,7 +13,8 @@ import contextlib
 import os
 import signal
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from inspect_ai.util import ExecResult
@@ -27,6 +28,20 @@ MAX_OUTPUT = 10 * 1024 * 1024
 
 
 @dataclass(frozen=True)
+class ModelAccess:
+    """A run's way to its models: the host folder holding the gateway's socket, the socket's name in it,
+    and the run's token, the command's OPENAI_API_KEY. A backend shows the socket to the agent's
+    commands and starts each through `gateway-forward --exec`, which sets OPENAI_BASE_URL."""
+
+    socket_dir: Path
+    socket_name: str
+    token: str = field(repr=False)
+
+    def env(self) -> dict[str, str]:
+        return {"OPENAI_API_KEY": self.token}
+
+
+@dataclass(frozen=True)
 class Attempt:
     """What a backend isolates: one run's agent, the host folder of its own places, its GPUs, its limits."""
 
@@ -37,6 +52,7 @@ class Attempt:
     memory_bytes: int = 8 * 1024**3
     max_processes: int = 1024
     cpus: float | None = None  # CPU time of the whole attempt, in cores (None: all of them)
+    models: ModelAccess | None = None  # where the run's tier declares models
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,7 @@ class Backend(ABC):
     leases_gpus: ClassVar[bool] = False  # the attempt leases its GPUs and sees only those
     sandboxed_scoring: ClassVar[bool] = False  # scorings run in the scoring sandbox (bwrap)
     agent_uid: ClassVar[int | None] = None  # the uid the agent runs as where the harness is root
+    serves_models: ClassVar[bool] = False  # honours `Attempt.models` (a run with models needs it)
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt

@@ -2,12 +2,18 @@
 
 The agent's commands run as the harness's user, on the host, in the run's workspace, with the
 network; it can read protected data and the reference solutions. Scorings are not sandboxed either.
+Where the run has models, each command starts through `gateway-forward --exec` on a free port of the
+host's loopback (commands and attempts run side by side there), which sets OPENAI_BASE_URL; the run's
+token is OPENAI_API_KEY, in place of any key of the harness's.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import sys
+
+from openrebench.gateway import exec_prefix
 
 from .._layout import WORKSPACE
 from ._base import Backend, Launch
@@ -21,13 +27,19 @@ class LocalBackend(Backend):
     name = "local"
     description = "none: commands run as you, on the host, with the network (a loud warning each time)"
     warning = LOCAL_WARNING
+    serves_models = True
 
     def command(self, cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
                 interactive: bool = False) -> Launch:
         """`cmd` itself, in the host folder behind `cwd` (the workspace where it has none)."""
         home = self.attempt.home
         host_cwd = home.host_path(cwd or WORKSPACE) or home.workspace
-        return Launch(cmd, cwd=str(host_cwd), env={**os.environ, **(env or {})})
+        base = dict(os.environ)
+        if (models := self.attempt.models) is not None:
+            base.update(models.env())
+            cmd = [*exec_prefix(models.socket_dir / models.socket_name, 0,
+                                forwarder=home.bin_dir / "gateway-forward", python=sys.executable), *cmd]
+        return Launch(cmd, cwd=str(host_cwd), env={**base, **(env or {})})
 
     def login(self) -> str:
         return f"cd {shlex.quote(str(self.attempt.home.workspace))} && bash -l"

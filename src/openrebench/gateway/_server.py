@@ -1,0 +1,484 @@
+"""The gateway server: the OpenAI HTTP API on a Unix socket (and 127.0.0.1, if asked), metered per run.
+
+Its clients may be hostile (the agent's code, a solution being scored), so every request gets one
+OpenAI-shaped JSON answer whatever it sent, and a run reaches only the models it was granted, within
+its budget. Status codes are those OpenAI uses, so standard clients raise their usual exceptions:
+401 bad token, 404 model not granted, 400 bad request, 413 body too large, 429 budget spent (with
+`x-should-retry: false`, so the openai client does not retry it), 503 backend unreachable, 504 timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from openrebench.base import OpenRebenchError
+
+from ._backends import Backend, BackendError
+from ._prices import find_price
+from ._usage import Totals, UsageLog
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20  # bytes of one request: a long chat fits many times over
+REQUEST_TIMEOUT_S = 600.0  # one model call, waiting for a free slot included
+CONCURRENCY = 16  # model calls of one run at once: also bounds how far a budget can be overshot
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+@dataclass(frozen=True)
+class RoleModel:
+    """The model behind a role: its backend, the name clients see (and the price is looked up by), and
+    optionally its price in US$ per million input/output tokens (else the price table's)."""
+
+    backend: Backend
+    model_name: str
+    price: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run may spend: dollars, tokens (input plus output), either or both; None is no limit."""
+
+    usd: float | None = None
+    tokens: int | None = None
+
+
+@dataclass
+class Grant:
+    """A run's access: its roles, budget and usage log, reached with its bearer token."""
+
+    token: str = field(repr=False)
+    run_id: str
+    roles: dict[str, RoleModel]
+    budget: Budget
+    usage: UsageLog
+    prices: dict[str, Mapping[str, float] | None]
+    concurrency: int
+    phase: str | None = None  # when the run uses it (`agent`, `scoring`), recorded in each row
+    slots: asyncio.Semaphore = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.concurrency)
+
+    def totals(self) -> Totals:
+        return self.usage.totals()
+
+    def resolve(self, name: object) -> tuple[str, RoleModel] | None:
+        """The role a request's `model` names: the role itself or its model's name."""
+        if not isinstance(name, str):
+            return None
+        if name in self.roles:
+            return name, self.roles[name]
+        return next(((r, m) for r, m in self.roles.items() if m.model_name == name), None)
+
+    def exhausted(self) -> str | None:
+        """Which budget is spent, in words, or None."""
+        t = self.totals()
+        if self.budget.usd is not None and t.cost_usd >= self.budget.usd:
+            return (f"budget exceeded: the run has spent ${t.cost_usd:.4f} of its ${self.budget.usd:.4f} "
+                    "dollar budget")
+        if self.budget.tokens is not None and t.tokens >= self.budget.tokens:
+            return (f"budget exceeded: the run has used {t.tokens:,} of its {self.budget.tokens:,} "
+                    "token budget")
+        return None
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, message: str, type: str, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type, code
+        self.headers = dict(headers or {})
+
+
+def error_response(status: int, message: str, type: str, code: str | None = None,
+                   headers: Mapping[str, str] | None = None) -> web.Response:
+    """An error as OpenAI words it: `{"error": {"message", "type", "param", "code"}}`."""
+    return web.json_response({"error": {"message": message, "type": type, "param": None, "code": code}},
+                             status=status, headers=headers)
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own refusals (no such route, wrong method) and any bug, as OpenAI-shaped JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.status, e.reason, "invalid_request_error")
+    except Exception:
+        logger.exception("the gateway failed on %s %s", request.method, request.path)
+        return error_response(500, "internal error of the gateway", "server_error")
+
+
+def _digest(token: str) -> str:
+    # Grants are found by a hash of the token: a dict lookup then reveals nothing of the token's bytes.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Gateway:
+    """The OpenAI-compatible gateway: `async with Gateway(sock, tcp_port=0) as gw:`, then `gw.grant(...)`.
+
+    `prices` (from `load_prices`) override the price table for the models named in them. Requests that
+    no grant owns (a bad token) are logged to `log_path` when given, else to Python's logging.
+    """
+
+    def __init__(self, socket_path: Path | None, tcp_port: int | None = None, *,
+                 prices: Mapping[str, Mapping[str, float]] | None = None, max_body: int = MAX_BODY,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, concurrency: int = CONCURRENCY,
+                 log_path: Path | None = None) -> None:
+        if socket_path is None and tcp_port is None:
+            raise ValueError("the gateway needs a Unix socket, a TCP port or both")
+        self.socket_path = None if socket_path is None else Path(socket_path)
+        self._tcp_port = tcp_port
+        self.prices = prices
+        self.max_body, self.request_timeout_s, self.concurrency = max_body, request_timeout_s, concurrency
+        self._grants: dict[str, Grant] = {}
+        self._logs: dict[Path, UsageLog] = {}
+        self._backends: dict[int, Backend] = {}
+        self._lock = threading.Lock()  # grants are made and revoked from other threads
+        self._anonymous = None if log_path is None else UsageLog(log_path)
+        self._runner: web.AppRunner | None = None
+
+    # -- grants ---------------------------------------------------------------------------------------
+
+    def grant(self, token: str | None = None, *, roles: Mapping[str, RoleModel], usage_path: Path,
+              budget: Budget | None = None, run_id: str | None = None,
+              concurrency: int | None = None, phase: str | None = None) -> Grant:
+        """Let the holder of `token` (a new random one if None) use `roles` within `budget`, logging to
+        `usage_path`. Grants sharing a usage file share its totals, so a run granted again (after a
+        restart, or with a new token) keeps counting what it spent, and a run's grants for different
+        phases (its agent, its scorings) draw on one budget, each row naming its `phase`."""
+        if not roles:
+            raise OpenRebenchError("a grant needs at least one role")
+        budget = budget or Budget()
+        prices = {r: m.price if m.price is not None else find_price(m.model_name, self.prices)[0]
+                  for r, m in roles.items()}
+        unpriced = sorted(m.model_name for r, m in roles.items() if prices[r] is None)
+        if budget.usd is not None and unpriced:
+            raise OpenRebenchError(f"a dollar budget needs a price for {', '.join(unpriced)}: give it in "
+                                   "the prices (or RoleModel.price), or budget tokens instead")
+        token = token or secrets.token_urlsafe(32)
+        path = Path(usage_path).resolve()
+        with self._lock:
+            log = self._logs.get(path)
+            if log is None:
+                log = self._logs[path] = UsageLog(path)
+            grant = Grant(token, run_id or path.parent.name, dict(roles), budget, log, prices,
+                          concurrency or self.concurrency, phase)
+            self._grants[_digest(token)] = grant
+            self._backends.update((id(m.backend), m.backend) for m in roles.values())
+        return grant
+
+    def revoke(self, token: str) -> None:
+        """The token no longer opens anything (requests in flight finish and are logged)."""
+        with self._lock:
+            self._grants.pop(_digest(token), None)
+
+    def _grant_of(self, request: web.Request) -> Grant | None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self._grants.get(_digest(token.strip()))
+
+    # -- serving --------------------------------------------------------------------------------------
+
+    @property
+    def tcp_port(self) -> int | None:
+        """The TCP port served on 127.0.0.1 (the one picked, when 0 was asked), or None."""
+        if self._runner is None or self._tcp_port is None:
+            return self._tcp_port
+        for address in self._runner.addresses:
+            if isinstance(address, tuple):
+                return int(address[1])
+        return self._tcp_port
+
+    @property
+    def base_url(self) -> str | None:
+        """`http://127.0.0.1:PORT/v1` for clients outside the sandbox, when a TCP port is served."""
+        return None if self.tcp_port is None else f"http://127.0.0.1:{self.tcp_port}/v1"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body, middlewares=[_openai_errors])
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model}", self._model)
+        for path in ENDPOINTS:
+            app.router.add_post(path, self._serve)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        try:
+            if self.socket_path is not None:
+                self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+                self.socket_path.unlink(missing_ok=True)
+                await web.UnixSite(self._runner, str(self.socket_path)).start()
+                self.socket_path.chmod(0o777)  # the sandbox's uid may differ from the harness's
+            if self._tcp_port is not None:
+                await web.TCPSite(self._runner, "127.0.0.1", self._tcp_port).start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            if self.socket_path is not None:
+                self.socket_path.unlink(missing_ok=True)
+        for backend in list(self._backends.values()):  # their HTTP clients, bound to this loop
+            aclose = getattr(backend, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start_in_thread(self) -> GatewayThread:
+        """Serve from a thread of its own, with its own event loop (for callers without one)."""
+        return GatewayThread(self).start()
+
+    # -- handlers -------------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    def _authorised(self, request: web.Request) -> Grant:
+        grant = self._grant_of(request)
+        if grant is None:
+            raise _Refusal(401, "invalid or missing API key (expected 'Authorization: Bearer <token>')",
+                           "invalid_request_error", "invalid_api_key")
+        return grant
+
+    @staticmethod
+    def _model_entry(role: str, model: RoleModel) -> dict[str, Any]:
+        return {"id": role, "object": "model", "created": 0, "owned_by": "openrebench",
+                "model": model.model_name}
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            grant = self._authorised(request)
+        except _Refusal as r:
+            return error_response(r.status, r.message, r.type, r.code)
+        return web.json_response({"object": "list", "data": [self._model_entry(r, m)
+                                                             for r, m in grant.roles.items()]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        try:
+            grant = self._authorised(request)
+        except _Refusal as r:
+            return error_response(r.status, r.message, r.type, r.code)
+        found = grant.resolve(request.match_info["model"])
+        if found is None:
+            return _not_granted(request.match_info["model"])
+        return web.json_response(self._model_entry(*found))
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if request.content_length is not None and request.content_length > self.max_body:
+            raise _too_large(self.max_body)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(self.max_body) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise _Refusal(400, "the request body is not valid JSON", "invalid_request_error",
+                           "invalid_json") from None
+        if not isinstance(body, dict):
+            raise _Refusal(400, "the request body must be a JSON object", "invalid_request_error",
+                           "invalid_json")
+        return body
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        """One model call: authorise, read, resolve the model, check the budget, call, meter, answer."""
+        t0 = time.perf_counter()
+        endpoint = ENDPOINTS[request.path]
+        grant: Grant | None = None
+        role: str | None = None
+        model: RoleModel | None = None
+        try:
+            grant = self._authorised(request)
+            body = await self._body(request)
+            found = grant.resolve(body.get("model"))
+            if found is None:
+                raise _Refusal(*_not_granted_args(body.get("model")))
+            role, model = found
+            stream = bool(body.pop("stream", False))  # answered whole, as one event (see _sse)
+            options = body.pop("stream_options", None)
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            output = await self._call(grant, model, endpoint, body)
+        except _Refusal as r:
+            self._record(grant, role, model, endpoint, t0, status=r.status, error=r.message)
+            return error_response(r.status, r.message, r.type, r.code, r.headers)
+        assert grant is not None and role is not None and model is not None
+        usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
+        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+        self._record(grant, role, model, endpoint, t0, status=200, prompt=prompt, completion=completion,
+                     error=None if usage else "the backend reported no usage")
+        output["model"] = model.model_name
+        if stream:
+            return web.Response(body=_sse(output, endpoint, include_usage), content_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache"})
+        return web.json_response(output)
+
+    async def _call(self, grant: Grant, model: RoleModel, endpoint: str, body: dict[str, Any]
+                    ) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(self.request_timeout_s), grant.slots:
+                # Checked once a slot is held: at most `concurrency` calls run past a spent budget.
+                spent = grant.exhausted()
+                if spent is not None:
+                    raise _Refusal(429, spent, "budget_exceeded", "budget_exceeded",
+                                   {"x-should-retry": "false"})
+                call = model.backend.chat if endpoint == "chat" else model.backend.complete
+                output = await call(body)
+        except _Refusal:
+            raise
+        except TimeoutError:
+            raise _Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
+                           "timeout", "timeout") from None
+        except BackendError as e:
+            raise _Refusal(e.status, e.message, e.type, e.type) from None
+        except Exception as e:
+            logger.exception("the backend of %s failed", model.model_name)
+            raise _Refusal(502, f"the backend of {model.model_name} failed ({type(e).__name__})",
+                           "upstream_error", "upstream_error") from None
+        if not isinstance(output, dict):
+            raise _Refusal(502, f"the backend of {model.model_name} gave no response object",
+                           "upstream_error", "upstream_error")
+        return output
+
+    def _record(self, grant: Grant | None, role: str | None, model: RoleModel | None, endpoint: str,
+                t0: float, *, status: int, prompt: int = 0, completion: int = 0,
+                error: str | None = None) -> None:
+        log = grant.usage if grant is not None else self._anonymous
+        fields = {"grant": None if grant is None else grant.run_id,
+                  "phase": None if grant is None else grant.phase, "role": role,
+                  "model": None if model is None else model.model_name, "endpoint": endpoint,
+                  "status": status, "prompt_tokens": prompt, "completion_tokens": completion,
+                  "price": None if grant is None or role is None else grant.prices[role],
+                  "latency_s": time.perf_counter() - t0, "error": error}
+        if log is None:
+            logger.info("gateway request without a grant: %s", fields)
+            return
+        try:
+            log.record(**fields)
+        except OSError:
+            logger.exception("the usage log %s cannot be written", log.path)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _too_large(limit: int) -> _Refusal:
+    return _Refusal(413, f"the request body is larger than the gateway's limit of {limit:,} bytes",
+                    "invalid_request_error", "request_too_large")
+
+
+def _not_granted_args(name: object) -> tuple[int, str, str, str]:
+    if name is None:
+        return (400, "the request names no model ('model' is required)", "invalid_request_error",
+                "model_required")
+    return (404, f"The model {str(name)[:200]!r} does not exist or you do not have access to it.",
+            "invalid_request_error", "model_not_found")
+
+
+def _not_granted(name: object) -> web.Response:
+    return error_response(*_not_granted_args(name))
+
+
+def _sse(output: dict[str, Any], endpoint: str, include_usage: bool) -> bytes:
+    """A whole answer as a server-sent event stream: one chunk with every choice, then usage if asked."""
+    head = {"id": output.get("id") or f"gw-{uuid.uuid4().hex}", "created": output.get("created", 0),
+            "model": output["model"]}
+    choices = []
+    for i, c in enumerate(output.get("choices") or []):
+        if endpoint == "chat":
+            message = dict(c.get("message") or {})
+            for n, call in enumerate(message.get("tool_calls") or []):
+                call["index"] = n
+            choices.append({"index": c.get("index", i), "delta": {k: v for k, v in message.items()
+                                                                  if v is not None},
+                            "logprobs": c.get("logprobs"), "finish_reason": c.get("finish_reason")})
+        else:
+            choices.append(c)
+    kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+    events = [{**head, "object": kind, "choices": choices}]
+    if include_usage:
+        events.append({**head, "object": kind, "choices": [], "usage": output.get("usage")})
+    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+class GatewayThread:
+    """A gateway served from a daemon thread with its own event loop; `stop()` (or leaving the `with`)
+    closes it. Grants may be made and revoked from any thread."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="openrebench-gateway", daemon=True)
+
+    def start(self) -> GatewayThread:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            await self.gateway.start()
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.gateway.close()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still serves (it ends when stopped, or when its loop failed)."""
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join()
+
+    def __enter__(self) -> Gateway:
+        return self.gateway
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,220 @@
+"""The harness's one gateway: a process-wide service serving every run's grants from one Unix socket.
+
+Made on first use (`model_service()`), it serves from a thread of the harness (`GatewayThread`) on
+`<tmp>/openrebench-gateway-XXXX/public/gateway.sock`. The top folder is the harness user's alone (mode
+700), so no other user of the machine reaches the socket; a sandbox is shown the `public` folder
+alone, bound in (a folder, not the socket file: a restarted gateway's new socket shows through it).
+
+A model spec is what an environment's role names (`ModelRole.model`): `local` is the offline Gemma
+server (`shared_local_server`, held until the service closes), anything else an Inspect model
+(`openai/gpt-4o-mini`, `mockllm/model`). Backends are made once per spec.
+
+A gateway thread that died is started again on the same socket path by the next `grant` or `ensure`
+(the harness calls it before each of the agent's commands and each scoring), with every live grant
+registered again under its token: the usage logs are the budgets' memory, so nothing spent is lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import secrets
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openrebench.api import LOCAL_MODEL
+from openrebench.base import OpenRebenchError
+
+from ._backends import Backend, InspectBackend, OpenAICompatibleBackend
+from ._local import LocalEndpoint, shared_local_server
+from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "gateway.sock"
+USAGE_LOG = Path("gateway") / "usage.jsonl"
+"""Where in a run's directory its usage log lies."""
+FREE = {"input": 0.0, "output": 0.0}
+
+
+@dataclass(frozen=True)
+class _Live:
+    """What a grant was made of, to make it again on a restarted gateway."""
+
+    token: str = field(repr=False)
+    models: dict[str, str]
+    usage_path: Path
+    budget: Budget
+    run_id: str
+    phase: str | None
+
+
+class ModelService:
+    """One gateway for the whole process, its backends, and the grants it serves.
+
+    `root`: the folder the private one is made in (default: the system's temporary folder). `prices`:
+    US$ per 1M tokens by model name, over the price table (`load_prices`).
+    """
+
+    def __init__(self, root: Path | None = None, *,
+                 prices: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        self._parent = root
+        self.prices = prices
+        self._lock = threading.RLock()
+        self._root: Path | None = None
+        self._thread: GatewayThread | None = None
+        self._models: dict[str, RoleModel] = {}  # by spec, made for the serving gateway's loop
+        self._custom: dict[str, RoleModel] = {}  # by spec, added by `add_backend`: kept over restarts
+        self._live: dict[str, _Live] = {}  # by token
+        self._grants: dict[str, Grant] = {}  # by token: the serving gateway's
+        self._local = contextlib.ExitStack()
+        self._endpoint: LocalEndpoint | None = None
+        self._closed = False
+        self.restarts = 0
+
+    # -- where ----------------------------------------------------------------------------------------
+
+    @property
+    def socket_dir(self) -> Path:
+        """The folder holding the socket: what a sandbox binds (at a path of its own)."""
+        with self._lock:
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="openrebench-gateway-", dir=self._parent))
+                self._root.chmod(0o700)
+                (self._root / "public").mkdir(mode=0o755)
+            return self._root / "public"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / SOCKET_NAME
+
+    # -- backends -------------------------------------------------------------------------------------
+
+    def role_model(self, spec: str) -> RoleModel:
+        """The backend, name and price behind a model spec (`local`, or an Inspect model name)."""
+        with self._lock:
+            if spec in self._custom:
+                return self._custom[spec]
+            found = self._models.get(spec)
+            if found is None:
+                if spec == LOCAL_MODEL:
+                    if self._endpoint is None:
+                        self._endpoint = self._local.enter_context(shared_local_server())
+                    e = self._endpoint
+                    found = RoleModel(OpenAICompatibleBackend(e.base_url, e.model, e.api_key), e.model, FREE)
+                else:
+                    found = RoleModel(InspectBackend(spec), spec)
+                self._models[spec] = found
+            return found
+
+    def backend(self, spec: str) -> tuple[Backend, str]:
+        """The backend of a model spec, and the model name clients see."""
+        found = self.role_model(spec)
+        return found.backend, found.model_name
+
+    def add_backend(self, spec: str, backend: Backend, model_name: str | None = None,
+                    price: Mapping[str, float] | None = None) -> None:
+        """Serve `spec` from `backend` (a server of one's own; tests): grants made after use it."""
+        with self._lock:
+            self._custom[spec] = RoleModel(backend, model_name or spec, price)
+
+    # -- the gateway ----------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Whether the gateway's thread serves (and its socket is in place)."""
+        thread = self._thread
+        return thread is not None and thread.alive and self.socket_path.exists()
+
+    def ensure(self) -> bool:
+        """Start the gateway if it does not serve (first use, or its thread died), with every live grant
+        registered again; True when it was started now."""
+        if self.alive:
+            return False
+        with self._lock:
+            if self._closed:
+                raise OpenRebenchError("the model gateway has been closed")
+            if self.alive:
+                return False
+            restart = self._thread is not None
+            if restart:
+                with contextlib.suppress(Exception):
+                    self._thread.stop()  # type: ignore[union-attr]
+                # Inspect's providers are bound to the dead thread's event loop: new ones for the new.
+                self._models.clear()
+            self._thread = GatewayThread(Gateway(self.socket_path, prices=self.prices)).start()
+            self._grants = {token: self._register(live) for token, live in self._live.items()}
+            if restart:
+                self.restarts += 1
+                logger.warning("the model gateway had stopped: started again on %s with %d grant(s)",
+                               self.socket_path, len(self._grants))
+            return True
+
+    def _register(self, live: _Live) -> Grant:
+        assert self._thread is not None
+        roles = {role: self.role_model(spec) for role, spec in live.models.items()}
+        return self._thread.gateway.grant(live.token, roles=roles, usage_path=live.usage_path,
+                                          budget=live.budget, run_id=live.run_id, phase=live.phase)
+
+    def grant(self, run_path: Path, models: Mapping[str, str], budget: Budget | None = None, *,
+              phase: str | None = None, run_id: str | None = None) -> Grant:
+        """Let a new token use `models` (role: spec) within `budget`, logging to the run's
+        `gateway/usage.jsonl`. A run's grants share that log, hence its budget."""
+        live = _Live(secrets.token_urlsafe(32), dict(models), Path(run_path) / USAGE_LOG,
+                     budget or Budget(), run_id or Path(run_path).name, phase)
+        with self._lock:
+            self.ensure()
+            grant = self._register(live)
+            self._live[live.token] = live
+            self._grants[live.token] = grant
+        return grant
+
+    def current(self, token: str) -> Grant | None:
+        """The serving gateway's grant of `token` (a new object after a restart), or None."""
+        return self._grants.get(token)
+
+    def revoke(self, token: str) -> None:
+        """The token no longer opens anything, now or after a restart."""
+        with self._lock:
+            self._live.pop(token, None)
+            self._grants.pop(token, None)
+            if self._thread is not None:
+                self._thread.gateway.revoke(token)
+
+    def stop(self) -> None:
+        """Stop serving (as a crash would, but cleanly): the next `ensure` starts it again."""
+        with self._lock:
+            if self._thread is not None:
+                self._thread.stop()
+
+    def close(self) -> None:
+        """Stop the gateway, let the local model go, remove the private folder."""
+        with self._lock:
+            self._closed = True
+            if self._thread is not None:
+                with contextlib.suppress(Exception):
+                    self._thread.stop()
+                self._thread = None
+            self._local.close()
+            self._endpoint = None
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+
+
+_service: ModelService | None = None
+_service_lock = threading.Lock()
+
+
+def model_service() -> ModelService:
+    """The process's model service, made on first use and closed when the process exits."""
+    global _service
+    with _service_lock:
+        if _service is None:
+            _service = ModelService()
+            atexit.register(_service.close)
+        return _service

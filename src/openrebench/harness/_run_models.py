@@ -1,0 +1,207 @@
+"""A run's models: the roles its tier declares, the models the user chose for them, and its grants on
+the process's gateway (one for the agent's attempt, one per scoring).
+
+The tier names each role's default model and the default budget; task arguments override them
+(`-T judge=openai/gpt-4o`, `-T model_budget_usd=2`). What the run was given is written to
+`<run>/gateway/grant.json` (never the token), beside the usage log the gateway writes,
+`<run>/gateway/usage.jsonl`: one row per request, each naming its role and its phase (`agent` or
+`scoring`). The agent and the scorer draw on one budget, since their grants share that log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openrebench.api import LOCAL_MODEL, Environment, OpenRebenchError
+from openrebench.gateway import (
+    SOCKET_NAME,
+    USAGE_LOG,
+    Budget,
+    Grant,
+    ModelService,
+    exec_prefix,
+    find_price,
+    model_service,
+    summarise,
+)
+from openrebench.isolation import Bind
+from openrebench.runs import Run, ScoringAccess
+
+from ._layout import GATEWAY_DIR, GATEWAY_PORT
+
+GRANT_FILE = Path("gateway") / "grant.json"
+AGENT, SCORING = "agent", "scoring"
+
+
+def declared_roles(env: Environment | type[Environment]) -> dict[str, list[str]]:
+    """Every role any tier of `env` declares, with the tiers that declare it."""
+    roles: dict[str, list[str]] = {}
+    for spec in env.tiers.values():
+        for role in spec.models:
+            roles.setdefault(role, []).append(spec.name)
+    return roles
+
+
+def resolve_models(env: Environment, tier: str, overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The run's model per role: the tier's defaults, with `overrides` (role: model spec) applied; a
+    role the tier does not declare, or an empty model, is a one-line error."""
+    spec = env.tier(tier)
+    for role, model in (overrides or {}).items():
+        if role not in spec.models:
+            known = ", ".join(spec.models) or "none"
+            raise OpenRebenchError(f"{env.id} ({tier}) has no model role '{role}' (its roles: {known})")
+        if not isinstance(model, str) or not model.strip():
+            raise OpenRebenchError(f"model role '{role}': give a model, e.g. {role}=openai/gpt-4o-mini "
+                                   f"or {role}={LOCAL_MODEL}")
+    return {role: str((overrides or {}).get(role, r.model)).strip() for role, r in spec.models.items()}
+
+
+def resolve_budget(env: Environment, tier: str, usd: float | None = None,
+                   tokens: int | None = None) -> Budget:
+    """The run's budget: the tier's, each limit replaced where one is given."""
+    default = env.tier(tier).model_budget
+    for name, value in (("dollar", usd), ("token", tokens)):
+        if value is not None and not value > 0:
+            raise OpenRebenchError(f"the model {name} budget must be positive (got {value})")
+    return Budget(usd=usd if usd is not None else default.usd if default else None,
+                  tokens=tokens if tokens is not None else default.tokens if default else None)
+
+
+def check_models(models: Mapping[str, str], budget: Budget) -> None:
+    """A dollar budget needs a price for each model (the offline one is free): a one-line error, before
+    any run is set up, rather than at the grant."""
+    if budget.usd is None:
+        return
+    unpriced = sorted({m for m in models.values() if m != LOCAL_MODEL and find_price(m)[0] is None})
+    if unpriced:
+        raise OpenRebenchError(f"a dollar budget for the environment's models needs their prices, unknown "
+                               f"for {', '.join(unpriced)}: budget tokens instead")
+
+
+@dataclass
+class RunModels:
+    """One run's models on the gateway: the agent's grant for the attempt, a grant per scoring."""
+
+    models: dict[str, str]
+    budget: Budget
+    descriptions: dict[str, str] = field(default_factory=dict)
+    service: ModelService = field(default_factory=model_service)
+    agent_grant: Grant | None = None
+    _scorings: Iterator[int] = field(default_factory=itertools.count)
+
+    @classmethod
+    def for_tier(cls, env: Environment, tier: str, overrides: Mapping[str, str] | None = None,
+                 usd: float | None = None, tokens: int | None = None) -> RunModels | None:
+        """The run's models, or None where its tier declares none."""
+        spec = env.tier(tier)
+        if not spec.models:
+            return None
+        models, budget = resolve_models(env, tier, overrides), resolve_budget(env, tier, usd, tokens)
+        return cls(models, budget, {role: r.description for role, r in spec.models.items()})
+
+    @classmethod
+    def of_run(cls, run: Run) -> RunModels | None:
+        """The models a run was given (its grant.json), else its tier's defaults; None where it has none:
+        for scorings outside an attempt (`openrebench start`, `score`, `demo`)."""
+        env = run.env
+        found = cls.for_tier(env, run.info.tier)
+        path = run.path / GRANT_FILE
+        if found is None or not path.is_file():
+            return found
+        try:
+            given = json.loads(path.read_text())
+            models = {str(k): str(v) for k, v in given["models"].items()}
+            budget = Budget(**given.get("budget") or {})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise OpenRebenchError(f"{path} cannot be read ({type(e).__name__}): remove it to use the "
+                                   "tier's default models") from None
+        return cls(models, budget, found.descriptions)
+
+    def _record(self, run: Run) -> None:
+        path = run.path / GRANT_FILE
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        served = {role: self.service.backend(spec)[1] for role, spec in self.models.items()}
+        record = {"models": self.models, "served_as": served, "descriptions": self.descriptions,
+                  "budget": {"usd": self.budget.usd, "tokens": self.budget.tokens}}
+        path.write_text(json.dumps(record, indent=1) + "\n")
+
+    def agent(self, run: Run) -> Grant:
+        """The attempt's grant (made once): its token is the agent's OPENAI_API_KEY."""
+        if self.agent_grant is None:
+            self.agent_grant = self.service.grant(run.path, self.models, self.budget, phase=AGENT,
+                                                  run_id=f"{run.path.name}/{AGENT}")
+            self._record(run)
+        return self.agent_grant
+
+    def ensure(self) -> bool:
+        """Start the gateway again if it stopped (the grants with it); True when it did."""
+        return self.service.ensure()
+
+    @contextlib.contextmanager
+    def scoring(self, run: Run, sandboxed: bool) -> Iterator[ScoringAccess]:
+        """A grant for one scoring, revoked after it: the scoring sandbox sees the gateway's socket
+        folder, and the scorer starts through `gateway-forward --exec` (the forwarder's file in the
+        package, run by the scorer's Python)."""
+        run_id = f"{run.path.name}/{SCORING}-{next(self._scorings)}"
+        grant = self.service.grant(run.path, self.models, self.budget, phase=SCORING, run_id=run_id)
+        self._record(run)
+        log = run.path / USAGE_LOG
+        start = log.stat().st_size if log.exists() else 0
+        if sandboxed:
+            binds: tuple[Bind, ...] = (Bind(self.service.socket_dir, GATEWAY_DIR),)
+            prefix = exec_prefix(f"{GATEWAY_DIR}/{SOCKET_NAME}", GATEWAY_PORT, python=sys.executable)
+        else:
+            binds, prefix = (), exec_prefix(self.service.socket_path, 0, python=sys.executable)
+
+        def report() -> dict[str, Any]:
+            rows = [r for r in _rows_from(log, start) if r.get("grant") == run_id]
+            return {"models": summarise(rows)} if rows else {}
+
+        try:
+            yield ScoringAccess(binds=binds, env={"OPENAI_API_KEY": grant.token}, prefix=tuple(prefix),
+                                report=report)
+        finally:
+            self.service.revoke(grant.token)
+
+    def close(self) -> None:
+        if self.agent_grant is not None:
+            self.service.revoke(self.agent_grant.token)
+            self.agent_grant = None
+
+
+def _rows_from(path: Path, offset: int) -> list[dict[str, Any]]:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            row = json.loads(line)
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def model_usage(run: Run) -> dict[str, Any] | None:
+    """What the run was given (models, budget) and what it used, overall and by role, phase and model
+    (from its usage log), or None where it had no models."""
+    grant = run.path / GRANT_FILE
+    if not grant.is_file():
+        return None
+    try:
+        given = json.loads(grant.read_text())
+    except ValueError:
+        given = {}
+    return {"given": given, **summarise(_rows_from(run.path / USAGE_LOG, 0))}
