@@ -43,7 +43,7 @@ def test_the_gateway_totals_are_read_apart_from_the_agents_usage(tmp_path: Path)
     assert rows[None].runs == 1 and rows[None].usage.requests == 4
     assert rows["judge"].usage.input_tokens == 2000
     assert rows["task_model"].usage.cost_usd == pytest.approx(0.0025)
-    assert all(c.env_dollars is not None for c in result.cost)
+    assert result.cost and all(c.env_dollars is not None for c in result.cost)
 
 
 def test_the_providers_spelling_and_an_unpriced_model_are_understood(tmp_path: Path) -> None:
@@ -89,7 +89,10 @@ def test_the_agents_cost_comes_from_the_price_table_when_the_log_has_none(tmp_pa
     assert unknown.attempts[0].cost_usd is None
 
 
-def test_analyze_and_report_show_both_costs(tmp_path: Path) -> None:
+def test_analyze_and_report_show_both_costs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openrebench.cli import _common
+
+    monkeypatch.setattr(_common.console, "width", 250)  # every column's header on one line
     log = _log(tmp_path, [JUDGE, None])
     runner = CliRunner()
     result = runner.invoke(app, ["analyze", str(log), *FAST], terminal_width=250)

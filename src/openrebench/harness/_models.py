@@ -156,7 +156,7 @@ def check_credentials(model: str) -> None:
     before anything is set up, not a provider's error at the first sample. Local providers are not
     made here (making an `hf/` or `vllm/` model loads it), nor is the offline model (it needs no key, and
     its server starts with the eval)."""
-    if model.split("/", 1)[0] not in HOSTED or (is_local(model) and not os.environ.get("LOCAL_BASE_URL")):
+    if model.split("/", 1)[0] not in HOSTED or is_local(model):
         return
     from inspect_ai.model import get_model
 
