@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from openrebench.base import cache_dir
 from openrebench.cli import app
 from openrebench.harness import resolve_agent_model
+from openrebench.harness._limits import IDLE_KEY, IDLE_TURNS
 from openrebench.isolation import bwrap_binary
 
 pytest.importorskip("openai")
@@ -57,15 +58,18 @@ def test_react_on_the_offline_model_records_real_usage_at_zero_cost(tmp_path: Pa
     (sample,) = log.samples or []
     assert sample.error is None
     calls = [e for e in sample.events if e.event == "model"]
-    assert calls and all(e.error is None for e in calls)
+    assert [e for e in calls if e.error is None], "no model call completed"
+    assert {e.error for e in calls} <= {None, "Cancelled by limit"}  # only the one the limit cut short
     usage = sample.model_usage[model]
     assert usage.input_tokens > 0 and usage.output_tokens > 0 and usage.total_cost == 0.0
-    # The attempt ends by the working-time limit (each reply of up to 1024 tokens takes seconds on a
-    # CPU), by the idle stop (the model talks instead of calling a tool) or by its context filling up.
-    stopped = sample.limit.type if sample.limit else sample.store.get("openrebench:idle_stop")
-    assert stopped in ("working", "context", "token", "message", 3) or sample.output.stop_reason in (
-        "model_length", "stop"), (sample.limit, sample.output.stop_reason)
-    assert sample.working_time is not None and sample.working_time < 60 + 30  # one reply may finish late
+    # What the model did (2026-12-01, 2-core CPU under a test suite's load): it never called a tool; it
+    # wrote 256 tokens of prose each turn (stop reason max_tokens), so after three such turns (21.5, 13.6
+    # and 11.6 s) react's idle stop ended the attempt at 47 s of working time. Model time is working
+    # time: with replies of 1024 tokens the first call was still generating at 60 s and the working
+    # limit cancelled it. So the attempt ends cleanly by either, within the limit.
+    ended = sample.limit.type if sample.limit else f"idle {sample.store.get(IDLE_KEY)}"
+    assert ended in ("working", f"idle {IDLE_TURNS}"), (ended, sample.output)
+    assert sample.working_time is not None and sample.working_time < 60 + 15, sample.working_time
     score = sample.scores["run_score"]
     run_dir = Path(score.metadata["run_dir"])
     assert (run_dir / "score_log.jsonl").is_file()

@@ -253,7 +253,8 @@ def test_serving_points_inspects_provider_at_the_shared_server_and_restores_the_
     entered: list[str] = []
 
     @contextlib.contextmanager
-    def fake_server() -> Iterator[LocalEndpoint]:
+    def fake_server(**options: Any) -> Iterator[LocalEndpoint]:
+        assert options["max_tokens"] == 256  # replies short enough for a minute of working time
         entered.append("in")
         yield LocalEndpoint("http://127.0.0.1:1/v1", "secret")
         entered.append("out")

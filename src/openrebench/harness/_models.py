@@ -51,6 +51,12 @@ LOCAL_ALIAS = "local"
 LOCAL_MODELS = (LOCAL_INSPECT_MODEL, f"openai-api-completions/local/{LOCAL_MODEL_NAME}")
 """The offline model's Inspect names: chat (the agent's, with tools) and raw completions."""
 LOCAL_CONTEXT = 4096  # tokens per request: the shared server's slot (gateway/_local.py)
+# How the agent's eval starts the shared server when no one else has (a running one is reused as it is).
+# Replies are capped at 256 tokens: the base model rarely stops by itself, and at llama.cpp's 1024 a
+# reply took 34-85 s on the 2-core CPU (12-30 tokens/s while a test suite ran), longer than a 1-minute
+# attempt. One thread on a 2-core machine: under that load the 270M model generated 30 tokens/s on one
+# thread and 2-12 on two (they wait on each other while other processes hold the cores).
+LOCAL_AGENT_SERVER = {"max_tokens": 256}
 
 
 def is_local(model: str | None) -> bool:
@@ -92,7 +98,9 @@ def _serve_local() -> Iterator[None]:
     for name in LOCAL_MODELS:
         set_model_info(name, ModelInfo(organization="Google", model="Gemma 3 270M (Q4_K_M, llama.cpp)",
                                        context_length=LOCAL_CONTEXT, cost=free))
-    with shared_local_server() as endpoint:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    options = {**LOCAL_AGENT_SERVER, **({"threads": 1} if cores <= 2 else {})}
+    with shared_local_server(**options) as endpoint:
         variables = endpoint.inspect_env()
         saved = {name: os.environ.get(name) for name in variables}
         os.environ.update(variables)
