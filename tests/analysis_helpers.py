@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from inspect_ai.log import EvalLog, read_eval_log, write_eval_log
 from inspect_ai.model import ModelUsage
@@ -35,9 +36,11 @@ def write_variant(path: Path, edit: Callable[[EvalLog], None]) -> Path:
 
 def runs_log(path: Path, *, agent: str, model: str, hours: float,
              runs: Sequence[Sequence[tuple[float, float]]], tokens: int = 0, cost: float | None = None,
-             gpus: int = 0) -> Path:
+             gpus: int = 0, gateway: Sequence[Mapping[str, Any] | None] | None = None) -> Path:
     """A log with one sample per run; each run is a list of (elapsed hours, normalised score) scorings
-    after the set-up scoring. The sample's score is the run's best, as the harness reports it."""
+    after the set-up scoring. The sample's score is the run's best, as the harness reports it.
+    `gateway`, per run: the score metadata's `gateway_usage` (the environment's own model calls), or
+    None for a run without it."""
 
     def edit(log: EvalLog) -> None:
         assert log.samples
@@ -60,6 +63,8 @@ def runs_log(path: Path, *, agent: str, model: str, hours: float,
             score.metadata = {**(score.metadata or {}), "score_log": rows}
             score.metadata["fingerprint"] = copy.deepcopy(score.metadata["fingerprint"])
             score.metadata["fingerprint"]["hardware"]["gpu_count"] = gpus
+            if gateway is not None and gateway[epoch - 1] is not None:
+                score.metadata["gateway_usage"] = copy.deepcopy(gateway[epoch - 1])
             usage = ModelUsage(input_tokens=tokens // 2, output_tokens=tokens - tokens // 2,
                                total_tokens=tokens, total_cost=cost)
             sample.model_usage = {model: usage} if tokens else {}
@@ -73,3 +78,15 @@ def react_log(path: Path) -> Path:
     """Three 30-minute runs of a model agent on one GPU, with tokens and dollars."""
     return runs_log(path, agent="react", model="openai/gpt-4o", hours=0.5, tokens=50_000, cost=0.8, gpus=1,
                     runs=[[(0.05, 0.1), (0.3, 0.6)], [(0.1, 0.2)], [(0.2, 0.0), (0.45, 0.9)]])
+
+
+def gateway_usage(requests: int, tokens_in: int, tokens_out: int, cost: float | None,
+                  failures: int = 0, roles: Mapping[str, tuple[int, int, int, float | None]] | None = None
+                  ) -> dict[str, Any]:
+    """The harness's `gateway_usage` record of one run: totals, and by role (requests, in, out, cost)."""
+
+    def block(n: int, i: int, o: int, c: float | None, f: int = 0) -> dict[str, Any]:
+        return {"requests": n, "input_tokens": i, "output_tokens": o, "cost_usd": c, "failures": f}
+
+    return {"total": block(requests, tokens_in, tokens_out, cost, failures),
+            "roles": {r: block(*v) for r, v in (roles or {}).items()}}

@@ -50,11 +50,11 @@ def test_tokens_cost_and_gpu_hours(tmp_path: Path) -> None:
 
 
 def test_prices_fill_in_a_missing_cost(tmp_path: Path) -> None:
-    log = runs_log(tmp_path / "r.eval", agent="react", model="openai/gpt-4o", hours=0.5, runs=[[(0.1, 0.2)]],
-                   tokens=2_000_000, cost=None)
-    assert load_logs([log]).attempts[0].cost_usd is None
+    log = runs_log(tmp_path / "r.eval", agent="react", model="openai/my-model", hours=0.5,
+                   runs=[[(0.1, 0.2)]], tokens=2_000_000, cost=None)
+    assert load_logs([log]).attempts[0].cost_usd is None  # in no price table
     prices = tmp_path / "prices.json"
-    prices.write_text('{"openai/gpt-4o": {"input": 2.5, "output": 10}}')
+    prices.write_text('{"openai/my-model": {"input": 2.5, "output": 10}}')
     assert load_logs([log], prices=load_prices(prices)).attempts[0].cost_usd == pytest.approx(12.5)
     prices.write_text('{"openai/gpt-4o": 3}')
     with pytest.raises(OpenRebenchError, match="expected"):

@@ -328,7 +328,7 @@ def test_env_model_on_the_cli_reaches_the_grant_and_the_usage_reaches_the_log(
     (sample,) = read_eval_log(info).samples or []
     score = sample.scores["run_score"]  # type: ignore[index]
     assert score.value == 1.0
-    used = score.metadata["models"]
+    used = score.metadata["gateway_usage"]
     # The set-up scoring and the oracle's: the scorer asked the judge each time, as the role it was given.
     assert used["phases"]["scoring"]["requests"] == 2 and used["models"] == {"mockllm/cli": used["total"]}
     assert all(r["details"]["models"]["total"]["requests"] == 1 for r in score.metadata["score_log"])

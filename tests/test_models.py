@@ -3,7 +3,9 @@ OpenAI-compatible server through Inspect's real `openai-api` provider."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,9 +17,18 @@ from typer.testing import CliRunner
 
 from openrebench.api import OpenRebenchError
 from openrebench.cli import app
+from openrebench.gateway import LOCAL_INSPECT_MODEL, LocalEndpoint
 from openrebench.harness import _models, agent_limits
 from openrebench.harness._limits import IDLE_TURNS, parse_count
-from openrebench.harness._models import Estimate, check_client, estimate_run, find_price, install_hint
+from openrebench.harness._models import (
+    Estimate,
+    check_client,
+    check_credentials,
+    estimate_run,
+    find_price,
+    install_hint,
+    resolve_agent_model,
+)
 from openrebench.isolation import bwrap_binary
 
 pytest.importorskip("openai")
@@ -207,6 +218,63 @@ def test_install_hint_is_an_editable_install_in_a_checkout(monkeypatch: pytest.M
     root = Path(_models.__file__).resolve().parents[3]
     monkeypatch.chdir(root)
     assert install_hint("openai").endswith(" -m pip install -e '.[openai]'")
+
+
+# --- the offline default model -------------------------------------------------------------------
+
+
+def test_local_names_the_offline_model_free_but_priced_and_checked_offline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_BASE_URL", raising=False)
+    name, serving = resolve_agent_model("local")
+    assert name == LOCAL_INSPECT_MODEL == "openai-api/local/gemma-3-270m"
+    assert not isinstance(serving, contextlib.nullcontext)  # a server to start, once entered
+    assert not isinstance(resolve_agent_model(name)[1], contextlib.nullcontext)  # its own name, no URL
+    assert isinstance(resolve_agent_model("openai/gpt-4o")[1], contextlib.nullcontext)
+    assert resolve_agent_model(None)[0] is None
+    for model in ("local", name):
+        assert find_price(model) == ({"input": 0.0, "output": 0.0}, "runs locally")
+    assert find_price(name, {name: {"input": 1, "output": 1}})[1] == "from --prices"
+    check_credentials(name)  # no key, no server yet: nothing to check
+    est = estimate_run(name, ["optimize_kernel"], "mini", 60, 1, None, None, None, agent="react")
+    assert est.bound == 0 and f"{name} runs locally (no per-token price)" in "\n".join(est.lines())
+    monkeypatch.setitem(_models.CLIENTS, "openai-api", ("openrebench_no_such_client", "openai", "3.4.0",
+                                                        "the OpenAI client", "openai"))
+    with pytest.raises(OpenRebenchError, match=r"the model openai-api/local/gemma-3-270m needs the OpenAI "):
+        check_client("local")
+    monkeypatch.setenv("LOCAL_BASE_URL", "http://127.0.0.1:9/v1")  # a server of the user's own
+    assert isinstance(resolve_agent_model(name)[1], contextlib.nullcontext)
+
+
+def test_serving_points_inspects_provider_at_the_shared_server_and_restores_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspect_ai.model import get_model_info
+    from inspect_ai.model._model_info import clear_model_info_cache
+
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_server(**options: Any) -> Iterator[LocalEndpoint]:
+        assert options["max_tokens"] == 256  # replies short enough for a minute of working time
+        entered.append("in")
+        yield LocalEndpoint("http://127.0.0.1:1/v1", "secret")
+        entered.append("out")
+
+    monkeypatch.setattr(_models, "shared_local_server", fake_server)
+    monkeypatch.delenv("LOCAL_BASE_URL", raising=False)
+    monkeypatch.setenv("LOCAL_API_KEY", "the user's")
+    name, serving = resolve_agent_model("local")
+    assert entered == []  # nothing starts before the eval
+    try:
+        with serving:
+            assert (os.environ["LOCAL_BASE_URL"], os.environ["LOCAL_API_KEY"]) == ("http://127.0.0.1:1/v1",
+                                                                                   "secret")
+            info = get_model_info(name)
+            assert info is not None and info.cost is not None and info.cost.output == 0  # the log gets $0
+        assert entered == ["in", "out"]
+        assert "LOCAL_BASE_URL" not in os.environ and os.environ["LOCAL_API_KEY"] == "the user's"
+    finally:
+        clear_model_info_cache()
 
 
 # --- limits and the cost estimate -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from openrebench.api import OpenRebenchError
 from ._budget import default_budgets, fmt_hours, runs_for
 from ._environments import facts_for
 from ._estimators import Array, Estimate, percentile_interval, prob_best_of_k_beats, score_at_k
-from ._model import Attempt, Dataset, EnvFacts
+from ._model import Attempt, Dataset, EnvFacts, ModelUse
 from ._over_time import interpolated, score_at, time_grid
 
 HEADLINE_BUDGETS = (2.0, 8.0, 32.0)
@@ -42,8 +42,12 @@ class GroupSummary(BaseModel):
     mean_score: float
     frac_nonzero: float
     frac_ge_reference: float
-    tokens_per_run: float | None
-    cost_per_run_usd: float | None
+    tokens_per_run: float | None = Field(description="The agent's model tokens.")
+    cost_per_run_usd: float | None = Field(description="The agent's model cost.")
+    env_tokens_per_run: float | None = Field(
+        default=None, description="The environment's own model calls (the gateway's totals), tokens; None: "
+                                  "no run of the group used any.")
+    env_cost_per_run_usd: float | None = Field(default=None, description="The same in US$.")
     gpu_hours_per_run: float | None
     hours_used_per_run: float | None
     with_trajectories: int = Field(description="Runs that carry a score log (score over time).")
@@ -118,9 +122,21 @@ class CostPoint(BaseModel):
     score: float
     ci_low: float
     ci_high: float
-    tokens: float | None
-    dollars: float | None
+    tokens: float | None = Field(description="The agent's model tokens.")
+    dollars: float | None = Field(description="The agent's model cost.")
+    env_tokens: float | None = Field(default=None, description="The environment's own model calls' tokens.")
+    env_dollars: float | None = Field(default=None, description="... and their cost.")
     gpu_hours: float | None
+
+
+class EnvModelRow(BaseModel):
+    """A group's calls to its environments' own models through the gateway, one role (or all: `role`
+    None), summed over the group's runs."""
+
+    group: str
+    role: str | None
+    runs: int = Field(description="Runs that called a model in this role.")
+    usage: ModelUse
 
 
 class HeadlineRow(BaseModel):
@@ -148,6 +164,7 @@ class Analysis(BaseModel):
     comparisons: list[Comparison]
     time_curves: list[TimeCurve]
     cost: list[CostPoint]
+    env_models: list[EnvModelRow] = Field(default_factory=list)
     headline: list[HeadlineRow] | None = None
 
     def curve(self, group: str) -> list[Allocation]:
@@ -160,6 +177,28 @@ class Analysis(BaseModel):
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return float(np.mean(present)) if present and len(present) == len(values) else None
+
+
+def _env_mean(attempts: Sequence[Attempt], what: str) -> float | None:
+    """The mean of the environment models' `tokens` or `cost_usd` per run, a run without gateway use
+    counting as none; None where no run used it, or a cost is unknown."""
+    if all(a.env_models is None for a in attempts):
+        return None
+    return _mean([getattr(a.env_models or ModelUse(), what) for a in attempts])
+
+
+def _env_model_rows(group: str, attempts: list[Attempt]) -> list[EnvModelRow]:
+    used = [a for a in attempts if a.env_models is not None]
+    if not used:
+        return []
+    roles = sorted({r for a in used for r in a.env_roles})
+    rows = [EnvModelRow(group=group, role=None, runs=len(used),
+                        usage=sum((a.env_models or ModelUse() for a in used), ModelUse()))]
+    for role in roles:
+        with_role = [a.env_roles[role] for a in used if role in a.env_roles]
+        rows.append(EnvModelRow(group=group, role=role, runs=len(with_role),
+                                usage=sum(with_role, ModelUse())))
+    return rows
 
 
 class _Engine:
@@ -285,6 +324,8 @@ def _summary(group: str, attempts: list[Attempt], envs: Sequence[str]) -> GroupS
         frac_ge_reference=float((scores >= 1).mean()),
         tokens_per_run=_mean([a.tokens for a in attempts]),
         cost_per_run_usd=_mean([a.cost_usd for a in attempts]),
+        env_tokens_per_run=_env_mean(attempts, "tokens"),
+        env_cost_per_run_usd=_env_mean(attempts, "cost_usd"),
         gpu_hours_per_run=_mean([a.gpu_hours for a in attempts]),
         hours_used_per_run=_mean([a.hours_used for a in attempts]),
         with_trajectories=sum(a.trajectory is not None for a in attempts),
@@ -311,6 +352,7 @@ def _cost(engine: _Engine, group: str, curve: list[Allocation]) -> list[CostPoin
             continue
         runs = [a for env in engine.envs for a in engine.cell(group, env, alloc.length_h)]
         per_run = {"tokens": _mean([a.tokens for a in runs]), "dollars": _mean([a.cost_usd for a in runs]),
+                   "env_tokens": _env_mean(runs, "tokens"), "env_dollars": _env_mean(runs, "cost_usd"),
                    "gpu_hours": _mean([a.gpu_hours for a in runs])}
         if all(v is None for v in per_run.values()):
             continue
@@ -348,11 +390,12 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
                                f"{runs} h): raise --max-budget or give --budgets")
     engine = _Engine(data, envs, budget_list, boots=boots, sims=sims, seed=seed, level=level)
     warnings = list(data.warnings)
-    groups, allocations, per_env, time_curves, cost = [], [], [], [], []
+    groups, allocations, per_env, time_curves, cost, env_models = [], [], [], [], [], []
     for group, attempts in engine.by_group.items():
         summary = _summary(group, attempts, envs)
         groups.append(summary)
         per_env.extend(_env_rows(group, attempts))
+        env_models.extend(_env_model_rows(group, attempts))
         allocs = engine.allocations(group, summary.is_human)
         if not allocs:
             missing = ", ".join(summary.missing) or "some lengths incomplete"
@@ -373,7 +416,9 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
         allocations=allocations,
         per_env=sorted(per_env, key=lambda r: (order[r.group], r.env_id, r.length_h)),
         comparisons=comparisons,
-        time_curves=time_curves, cost=cost), engine
+        time_curves=time_curves, cost=cost,
+        env_models=sorted(env_models, key=lambda r: (order[r.group], r.role is not None, r.role or ""))
+    ), engine
 
 
 def _comparisons(engine: _Engine, groups: list[GroupSummary],

@@ -160,9 +160,9 @@ def cost_figure(a: Analysis) -> bytes | None:
     colors = _colors(a)
     panels: list[tuple[str, Callable[[object], float | None]]] = []
     if any(c.dollars for c in a.cost):
-        panels.append(("model cost per environment (US$)", lambda c: c.dollars))  # type: ignore[attr-defined]
+        panels.append(("agent's model cost per environment (US$)", lambda c: c.dollars))  # type: ignore[attr-defined]
     elif any(c.tokens for c in a.cost):
-        panels.append(("model tokens per environment", lambda c: c.tokens))  # type: ignore[attr-defined]
+        panels.append(("agent's model tokens per environment", lambda c: c.tokens))  # type: ignore[attr-defined]
     if any(c.gpu_hours for c in a.cost):
         panels.append(("GPU-hours per environment", lambda c: c.gpu_hours))  # type: ignore[attr-defined]
     if not panels:

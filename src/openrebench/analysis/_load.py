@@ -17,10 +17,12 @@ from openrebench.api import OpenRebenchError
 from openrebench.runs import ScoreRow
 
 from ._environments import registered_facts
-from ._model import Attempt, Dataset, EnvFacts
+from ._model import Attempt, Dataset, EnvFacts, ModelUse
 from ._paper import RELEASE_ONLY_ENVIRONMENTS, by_rebench_id
 
 SCORER = "run_score"
+GATEWAY_USAGE = "gateway_usage"
+"""The score metadata key of the gateway's totals for a run: {"total": {...}, "roles": {role: {...}}}."""
 LOG_SUFFIXES = (".eval", ".json")
 
 
@@ -86,20 +88,89 @@ def _time_limit_h(log: Any) -> float | str:
     return value / 3600
 
 
-def _usage(sample: Any, prices: Mapping[str, Mapping[str, float]] | None) -> tuple[int, float | None]:
-    """Tokens and dollars: Inspect's own cost where it has one, else the given prices per 1M tokens."""
+class _Prices:
+    """Dollars for the agent's tokens: Inspect's own cost where the log has one, else `--prices`, else the
+    harness's price table (list prices, the offline model at 0), each model looked up once; which models
+    were priced from the table is noted, as those prices may be stale."""
+
+    def __init__(self, given: Mapping[str, Mapping[str, float]] | None) -> None:
+        self.given = given
+        self.found: dict[str, tuple[dict[str, float] | None, str]] = {}
+
+    def price(self, model: str) -> dict[str, float] | None:
+        if self.given and model in self.given:
+            return dict(self.given[model])
+        if model not in self.found:
+            from openrebench.harness import find_price
+
+            self.found[model] = find_price(model)
+        return self.found[model][0]
+
+    def notes(self) -> list[str]:
+        return [f"the agent's dollars for {model} are its tokens at {p['input']:g}/{p['output']:g} US$ per "
+                f"1M input/output tokens ({source})" for model, (p, source) in sorted(self.found.items())
+                if p is not None and source != "runs locally"]
+
+
+def _usage(sample: Any, prices: _Prices) -> tuple[int, float | None]:
+    """The agent's tokens and dollars, summed over the models it called."""
     usage = sample.model_usage or {}
     tokens = sum(int(u.total_tokens or 0) for u in usage.values())
     cost = 0.0
     for model, u in usage.items():
         if u.total_cost is not None:
             cost += float(u.total_cost)
-        elif prices and model in prices:
-            p = prices[model]
+        elif (p := prices.price(model)) is not None:
             cost += (u.input_tokens * p.get("input", 0.0) + u.output_tokens * p.get("output", 0.0)) / 1e6
         else:
             return tokens, None
     return tokens, cost
+
+
+def _count(raw: Mapping[str, Any], *names: str) -> int | None:
+    """The first of `names` present in `raw` as a count (absent: 0; not a count: None)."""
+    value = next((raw[n] for n in names if n in raw), 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _model_use(raw: Any) -> ModelUse | None:
+    """One block of the gateway's totals, spelt either way (input/output or prompt/completion tokens)."""
+    if not isinstance(raw, Mapping):
+        return None
+    counts = {"requests": _count(raw, "requests"),
+              "input_tokens": _count(raw, "input_tokens", "prompt_tokens"),
+              "output_tokens": _count(raw, "output_tokens", "completion_tokens"),
+              "failures": _count(raw, "failures")}
+    cost = raw.get("cost_usd", 0.0)
+    if any(v is None for v in counts.values()) or isinstance(cost, bool) \
+            or not (cost is None or isinstance(cost, int | float)):
+        return None
+    if raw.get("priced") is False or cost is None or not math.isfinite(cost):
+        cost = None  # a model without a price was used: the sum is a lower bound, shown as unknown
+    return ModelUse(cost_usd=cost, **{k: v for k, v in counts.items() if v is not None})
+
+
+def _env_models(meta: Mapping[str, Any], where: str,
+                warnings: list[str]) -> tuple[ModelUse | None, dict[str, ModelUse]]:
+    """The gateway's totals for the run's environment models (`gateway_usage` in the score metadata);
+    absent: the run used none. A malformed record is left out with a warning, never fatal."""
+    raw = meta.get(GATEWAY_USAGE)
+    if raw is None:
+        return None, {}
+    total = _model_use(raw.get("total")) if isinstance(raw, Mapping) else None
+    if total is None:
+        warnings.append(f"{where}: score metadata '{GATEWAY_USAGE}' has no readable total; the environment's "
+                        "model usage is left out")
+        return None, {}
+    roles_raw = raw.get("roles") or {}
+    roles = {str(k): u for k, v in roles_raw.items() if (u := _model_use(v)) is not None} \
+        if isinstance(roles_raw, Mapping) else {}
+    if not isinstance(roles_raw, Mapping) or len(roles) < len(roles_raw):
+        warnings.append(f"{where}: some of '{GATEWAY_USAGE}' roles are unreadable; left out of the per-role "
+                        "table")
+    return total, roles
 
 
 def _trajectory(rows: list[ScoreRow]) -> list[tuple[float, float | None]]:
@@ -107,8 +178,7 @@ def _trajectory(rows: list[ScoreRow]) -> list[tuple[float, float | None]]:
             for r in rows if r.kind in ("setup", "score")]
 
 
-def _attempt(log: Any, sample: Any, where: str, length_h: float,
-             prices: Mapping[str, Mapping[str, float]] | None, warnings: list[str],
+def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices, warnings: list[str],
              rebench_ids: Mapping[str, EnvFacts]) -> Attempt | str:
     """The sample as an attempt, or the reason it is incomplete (no score)."""
     score = (sample.scores or {}).get(SCORER)
@@ -156,12 +226,13 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float,
     hours_used = (sample.working_time / 3600 if sample.working_time is not None
                   else max((r.elapsed_s for r in rows), default=0.0) / 3600)
     tokens, cost = _usage(sample, prices)
+    env_models, env_roles = _env_models(meta, where, warnings)
     return Attempt(
         group=_group_label(agent, str(log.eval.model), tier), is_human=agent == "human", env_id=env_id,
         tier=tier, length_h=length_h, score=value,
         raw=meta.get("raw") if isinstance(meta.get("raw"), int | float) else None,
-        trajectory=_trajectory(rows), tokens=tokens, cost_usd=cost, gpu_hours=gpus * hours_used,
-        hours_used=hours_used, source=f"{where}")
+        trajectory=_trajectory(rows), tokens=tokens, cost_usd=cost, env_models=env_models,
+        env_roles=env_roles, gpu_hours=gpus * hours_used, hours_used=hours_used, source=f"{where}")
 
 
 def _logged_facts(log: Any, path: Path) -> EnvFacts | None:
@@ -213,6 +284,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
               prices: Mapping[str, Mapping[str, float]] | None = None) -> Dataset:
     """All openrebench samples in the given Inspect logs (files or directories)."""
     data = Dataset()
+    pricing = _Prices(prices)
     seen: set[tuple[str, str, int]] = set()
     rebench_ids = by_rebench_id()
     logged: dict[str, EnvFacts] = {}
@@ -246,7 +318,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 data.warnings.append(f"{where}: the same sample was given twice; counted once")
                 continue
             seen.add(key)
-            result = _attempt(log, sample, where, length_h, prices, data.warnings, rebench_ids)
+            result = _attempt(log, sample, where, length_h, pricing, data.warnings, rebench_ids)
             if isinstance(result, str):
                 if not skip_incomplete:
                     raise OpenRebenchError(f"{where}: {result}; pass --skip-incomplete to leave such samples "
@@ -255,6 +327,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 continue
             data.attempts.append(result)
     _environment_facts(data, logged)
+    data.notes.extend(pricing.notes())
     return data
 
 

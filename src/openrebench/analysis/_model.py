@@ -27,6 +27,28 @@ class EnvFacts(BaseModel):
         return self.direction is Direction.LAST
 
 
+class ModelUse(BaseModel):
+    """Calls to an environment's own models through the harness's gateway (a run's, or one role's):
+    kept apart from the agent's model usage, which Inspect records."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = Field(default=0.0, description="None: a model without a known price was used.")
+    failures: int = Field(default=0, description="Requests refused (budget, role) or failed upstream.")
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: ModelUse) -> ModelUse:
+        cost = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
+        return ModelUse(requests=self.requests + other.requests,
+                        input_tokens=self.input_tokens + other.input_tokens,
+                        output_tokens=self.output_tokens + other.output_tokens, cost_usd=cost,
+                        failures=self.failures + other.failures)
+
+
 class Attempt(BaseModel):
     """One run (an agent's or a person's attempt) at one environment."""
 
@@ -39,8 +61,11 @@ class Attempt(BaseModel):
     raw: float | None = None
     trajectory: list[tuple[float, float | None]] | None = Field(
         default=None, description="(elapsed hours, normalised score or None when invalid) per scoring.")
-    tokens: int | None = None
-    cost_usd: float | None = None
+    tokens: int | None = Field(default=None, description="The agent's model tokens (Inspect's usage).")
+    cost_usd: float | None = Field(default=None, description="The agent's model cost in US$.")
+    env_models: ModelUse | None = Field(
+        default=None, description="The environment's own model calls (the gateway's totals); None: none.")
+    env_roles: dict[str, ModelUse] = Field(default_factory=dict, description="The same by model role.")
     gpu_hours: float | None = None
     hours_used: float | None = Field(default=None, description="Working hours the run actually took.")
     source: str = Field(description="Where the attempt came from (log file and sample, or data row).")

@@ -42,17 +42,24 @@ def _money(value: float | None) -> str:
     return "—" if value is None else f"${value:,.2f}"
 
 
+def _count(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
 def groups_table(a: Analysis) -> TableSpec:
     t = TableSpec("groups", "Runs by group", ["group", "runs", "environments", "run lengths", "mean score",
-                                              "> 0", "≥ reference", "tokens / run", "$ / run", "GPU-h / run"],
-                  numeric={1, 4, 5, 6, 7, 8, 9},
-                  caption="Final normalised scores of single runs (0 = starting solution, 1 = reference).")
+                                              "> 0", "≥ reference", "agent tokens / run", "agent $ / run",
+                                              "env model tokens / run", "env models $ / run", "GPU-h / run"],
+                  numeric=set(range(4, 12)) | {1},
+                  caption="Final normalised scores of single runs (0 = starting solution, 1 = reference). "
+                          "Agent: the agent's own model calls (Inspect's usage). Env models: the "
+                          "environment's model calls through the harness's gateway, kept apart.")
     for g in a.groups:
         envs = f"{len(g.runs_by_env)}/{len(a.settings.environments)}"
         t.rows.append([g.group, str(g.runs), envs, ", ".join(fmt_hours(x) for x in g.lengths_h),
                        _f(g.mean_score), f"{g.frac_nonzero:.0%}", f"{g.frac_ge_reference:.0%}",
-                       "—" if g.tokens_per_run is None else f"{g.tokens_per_run:,.0f}",
-                       _money(g.cost_per_run_usd), _f(g.gpu_hours_per_run)])
+                       _count(g.tokens_per_run), _money(g.cost_per_run_usd), _count(g.env_tokens_per_run),
+                       _money(g.env_cost_per_run_usd), _f(g.gpu_hours_per_run)])
     return t
 
 
@@ -167,12 +174,28 @@ def allocation_table(a: Analysis) -> TableSpec:
 
 def cost_table(a: Analysis) -> TableSpec:
     t = TableSpec("cost", "Score against cost (best split per budget)",
-                  ["group", "budget", "split", "score", "tokens", "dollars", "GPU-hours"],
-                  numeric={3, 4, 5, 6},
-                  caption="Cost of the k runs of one environment (means over runs of that length).")
+                  ["group", "budget", "split", "score", "agent tokens", "agent $", "env model tokens",
+                   "env models $", "GPU-hours"],
+                  numeric={3, 4, 5, 6, 7, 8},
+                  caption="Cost of the k runs of one environment (means over runs of that length): the "
+                          "agent's model calls, and apart from them the environment's own (the gateway's).")
     for c in a.cost:
-        t.rows.append([c.group, fmt_hours(c.budget_h), c.allocation, _f(c.score),
-                       "—" if c.tokens is None else f"{c.tokens:,.0f}", _money(c.dollars), _f(c.gpu_hours)])
+        t.rows.append([c.group, fmt_hours(c.budget_h), c.allocation, _f(c.score), _count(c.tokens),
+                       _money(c.dollars), _count(c.env_tokens), _money(c.env_dollars), _f(c.gpu_hours)])
+    return t
+
+
+def env_models_table(a: Analysis) -> TableSpec:
+    t = TableSpec("env_models", "The environments' own models (through the harness's gateway)",
+                  ["group", "role", "runs", "requests", "input tokens", "output tokens", "US$", "refused or "
+                   "failed"], numeric={2, 3, 4, 5, 6, 7},
+                  caption="Summed over the group's runs, from each run's gateway usage log "
+                          "(<run>/gateway/usage.jsonl); apart from the agent's own model usage. US$ '—': a "
+                          "model without a known price was called.")
+    for r in a.env_models:
+        u = r.usage
+        t.rows.append([r.group, "all roles" if r.role is None else r.role, str(r.runs), f"{u.requests:,}",
+                       f"{u.input_tokens:,}", f"{u.output_tokens:,}", _money(u.cost_usd), f"{u.failures:,}"])
     return t
 
 
@@ -192,6 +215,8 @@ def all_tables(a: Analysis, *, full: bool = False) -> list[TableSpec]:
               estimator_table(a, None if full else 15)]
     if a.cost:
         tables.append(cost_table(a))
+    if a.env_models:
+        tables.append(env_models_table(a))
     if full:
         tables += [runs_table(a), allocation_table(a)]
     return [_prune(t) for t in tables if t is not None and t.rows]

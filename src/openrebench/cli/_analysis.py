@@ -31,8 +31,8 @@ SeedOpt = Annotated[int, typer.Option(help="Random seed (results are reproducibl
 SkipOpt = Annotated[bool, typer.Option("--skip-incomplete", help=(
     "Leave out samples without a score (each is listed as a warning) instead of stopping."))]
 PricesOpt = Annotated[Path | None, typer.Option(help=(
-    "JSON of US$ per 1M tokens by model, for logs without Inspect's own cost: "
-    '{"openai/gpt-4o": {"input": 2.5, "output": 10}}.'))]
+    "JSON of US$ per 1M tokens by model, for logs without Inspect's own cost (else the list-price "
+    'table): {"openai/gpt-4o": {"input": 2.5, "output": 10}}.'))]
 HumansOpt = Annotated[str, typer.Option("--human-rows", help=(
     "Paper human rows: 'real' (all 86) or 'likely71' (those likely among the paper's 71)."))]
 

@@ -139,7 +139,8 @@ def eval_(
     env_ids: Annotated[list[str], typer.Argument(help="Environment ids, or 'all'.")],
     tier: TierOpt = "mini",
     agent: Annotated[str, typer.Option(help=AGENTS_HELP)] = "oracle",
-    model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o.")] = None,
+    model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o, or 'local' (the "
+                                                   "offline Gemma 3 270M, served on this machine).")] = None,
     time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m, 2h or seconds, "
                                                          "from 1m to 7d (default: the tier's).")] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
@@ -190,6 +191,7 @@ def eval_(
         estimate_run,
         get_agent,
         isolation_problem,
+        resolve_agent_model,
         results_caption,
     )
     from openrebench.runs import environment_classes
@@ -204,6 +206,7 @@ def eval_(
         raise OpenRebenchError(f"--isolation {isolation}: {problem}")
     if agent_spec.needs_model and model is None:
         raise OpenRebenchError(f"the {agent} agent needs --model")
+    model, serving = resolve_agent_model(model)  # `local`: the offline model, served while the eval runs
     if model is not None:
         check_client(model)
     seconds = duration(time_limit) if time_limit else None
@@ -231,10 +234,11 @@ def eval_(
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
                "max_samples": max_samples, "display": display}
-    if retry_attempts or resume:
-        _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
-    else:
-        logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
+    with serving:
+        if retry_attempts or resume:
+            _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
+        else:
+            logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
     table = Table(title=f"openrebench eval — {agent} on {tier}", caption=results_caption(logs),
                   caption_justify="left")
     for col in ("environment", "epoch", "normalised", "raw", "ended", "run"):

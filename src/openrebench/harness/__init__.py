@@ -6,7 +6,17 @@ asked, so that importing the harness loads no plug-in.
 """
 
 from ._limits import Limits, ended, results_caption
-from ._models import Estimate, check_client, check_credentials, estimate_run, load_prices
+from ._models import (
+    LOCAL_ALIAS,
+    Estimate,
+    check_client,
+    check_credentials,
+    estimate_run,
+    find_price,
+    is_local,
+    load_prices,
+    resolve_agent_model,
+)
 from ._offline import use_local_tiktoken_cache
 from ._run_models import RunModels, declared_roles, model_usage
 from ._sandbox import OpenRebenchSandbox, SandboxConfig
@@ -36,8 +46,9 @@ def __getattr__(name: str) -> tuple[str, ...]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AGENTS", "ISOLATIONS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "AgentSpec", "Backend",
-           "Estimate", "Limits", "OpenRebenchSandbox", "RunModels", "SandboxConfig", "TaskArgError",
-           "agent_limits", "check_client", "check_credentials", "check_time_limit", "declared_roles", "ended",
-           "environment_tasks", "estimate_run", "get_agent", "isolation_problem", "load_prices", "model_args",
-           "model_usage", "oracle", "rebench_task", "results_caption", "run_score", "score", "score_log"]
+__all__ = ["AGENTS", "ISOLATIONS", "LOCAL_ALIAS", "TIME_LIMIT_RANGE", "TIME_LIMIT_RANGE_S", "AgentSpec",
+           "Backend", "Estimate", "Limits", "OpenRebenchSandbox", "RunModels", "SandboxConfig",
+           "TaskArgError", "agent_limits", "check_client", "check_credentials", "check_time_limit",
+           "declared_roles", "ended", "environment_tasks", "estimate_run", "find_price", "get_agent",
+           "is_local", "isolation_problem", "load_prices", "model_args", "model_usage", "oracle",
+           "rebench_task", "resolve_agent_model", "results_caption", "run_score", "score", "score_log"]

@@ -1,8 +1,14 @@
-"""Real models: the client package each Inspect provider needs, and a cost bound before a run.
+"""Real models: the client package each Inspect provider needs, a cost bound before a run, and the
+offline default model.
 
 Inspect checks a provider's client only when `eval` creates the model, with its own pip hint;
 `check_client` names the openrebench extra that installs it, before any run is set up.
 The prices come from the gateway's table (`openrebench.gateway`), overridable with `--prices`.
+
+`--model local` is the offline default: Gemma 3 270M served by llama.cpp on this machine
+(`openrebench.gateway.shared_local_server`), reached through Inspect's real OpenAI-compatible provider
+(`openai-api/local/gemma-3-270m`), so a run needs no key and no network. It is a small base model: it
+will not solve a task, but every part of an agent's path (tool calls, usage, limits, logs) is real.
 """
 
 from __future__ import annotations
@@ -10,13 +16,17 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import os
 import re
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrebench.api import OpenRebenchError
-from openrebench.gateway import find_price, load_prices
+from openrebench.api import LOCAL_MODEL, OpenRebenchError
+from openrebench.gateway import LOCAL_INSPECT_MODEL, LOCAL_MODEL_NAME, load_prices, shared_local_server
+from openrebench.gateway import find_price as _table_price
 from openrebench.runs import get_environment
 
 from ._limits import Limits, fmt_duration, fmt_tokens
@@ -35,6 +45,73 @@ CLIENTS: dict[str, tuple[str, str, str, str, str]] = {  # provider: (module, pac
     # torch and transformers are core dependencies; Inspect's hf provider also wants accelerate.
     "hf": ("accelerate", "accelerate", "1.0.0", "Hugging Face accelerate", "hf"),
 }
+
+LOCAL_ALIAS = LOCAL_MODEL  # `--model local`: the same word as an environment role's offline default
+LOCAL_MODELS = (LOCAL_INSPECT_MODEL, f"openai-api-completions/local/{LOCAL_MODEL_NAME}")
+"""The offline model's Inspect names: chat (the agent's, with tools) and raw completions."""
+LOCAL_CONTEXT = 4096  # tokens per request: the shared server's slot (gateway/_local.py)
+# How the agent's eval starts the shared server when no one else has (a running one is reused as it is).
+# Replies are capped at 256 tokens: the base model rarely stops by itself, and at llama.cpp's 1024 a
+# reply took 34-85 s on the 2-core CPU (12-30 tokens/s while a test suite ran), longer than a 1-minute
+# attempt. One thread on a 2-core machine: under that load the 270M model generated 30 tokens/s on one
+# thread and 2-12 on two (they wait on each other while other processes hold the cores).
+LOCAL_AGENT_SERVER = {"max_tokens": 256}
+
+
+def is_local(model: str | None) -> bool:
+    """Whether `model` names the offline default model (the alias or one of its Inspect names)."""
+    return model == LOCAL_ALIAS or model in LOCAL_MODELS
+
+
+def find_price(model: str, prices: Mapping[str, Mapping[str, float]] | None = None
+               ) -> tuple[dict[str, float] | None, str]:
+    """The gateway's price lookup, knowing the offline model too: it runs here, so it is free but priced
+    (cost $0.00 with real token counts, not an unknown price)."""
+    if is_local(model) and not (prices and model in prices):
+        return {"input": 0.0, "output": 0.0}, "runs locally"
+    return _table_price(model, prices)
+
+
+def resolve_agent_model(model: str | None) -> tuple[str | None, AbstractContextManager[object]]:
+    """The Inspect model for `--model`, and what must run while the eval does.
+
+    `local` (or the offline model's Inspect name with no LOCAL_BASE_URL set) becomes
+    `openai-api/local/gemma-3-270m`, served by the shared local server, which the context starts (or
+    joins, when another run holds it) and leaves at its end. Any other model is returned as it is, with
+    nothing to run. Nothing starts until the context is entered: checks and the estimate come first.
+    """
+    if model == LOCAL_ALIAS:
+        return LOCAL_INSPECT_MODEL, _serve_local()
+    if model in LOCAL_MODELS and not os.environ.get("LOCAL_BASE_URL"):
+        return model, _serve_local()
+    return model, contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _serve_local() -> Iterator[None]:
+    """The shared local server, with Inspect's `openai-api` provider (service `local`) pointed at it and
+    told its price (0), so that the log records the cost of real usage, not none."""
+    from inspect_ai.model import ModelCost, ModelInfo, set_model_info
+
+    free = ModelCost(input=0.0, output=0.0, input_cache_write=0.0, input_cache_read=0.0)
+    for name in LOCAL_MODELS:
+        set_model_info(name, ModelInfo(organization="Google", model="Gemma 3 270M (Q4_K_M, llama.cpp)",
+                                       context_length=LOCAL_CONTEXT, cost=free))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    options = {**LOCAL_AGENT_SERVER, **({"threads": 1} if cores <= 2 else {})}
+    with shared_local_server(**options) as endpoint:
+        variables = endpoint.inspect_env()
+        saved = {name: os.environ.get(name) for name in variables}
+        os.environ.update(variables)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
 
 def _short(path: Path) -> str:
     try:
@@ -57,6 +134,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 def check_client(model: str) -> None:
     """One line naming the extra when the model's provider needs a client that is missing or too old."""
+    if model == LOCAL_ALIAS:
+        model = LOCAL_INSPECT_MODEL
     need = CLIENTS.get(model.split("/", 1)[0])
     if need is None:
         return
@@ -82,8 +161,9 @@ HOSTED = {"openai", "anthropic", "google", "openai-api"}  # their clients start 
 def check_credentials(model: str) -> None:
     """For hosted providers, the credentials and settings Inspect needs to make the model: one line
     before anything is set up, not a provider's error at the first sample. Local providers are not
-    made here (making an `hf/` or `vllm/` model loads it)."""
-    if model.split("/", 1)[0] not in HOSTED:
+    made here (making an `hf/` or `vllm/` model loads it), nor is the offline model (it needs no key, and
+    its server starts with the eval)."""
+    if model.split("/", 1)[0] not in HOSTED or is_local(model):
         return
     from inspect_ai.model import get_model
 

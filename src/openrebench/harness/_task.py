@@ -52,7 +52,7 @@ def run_score() -> Scorer:
         metadata = {"raw": raw, "run_dir": str(run.path), "fingerprint": run.info.model_dump(mode="json"),
                     "score_log": [r.model_dump(mode="json") for r in rows], "log_warnings": warnings}
         if (usage := model_usage(run)) is not None:
-            metadata["models"] = usage
+            metadata["gateway_usage"] = usage  # the environment's models, apart from the agent's
         return Score(value=normalised, answer=None if raw is None else f"{raw:.6g}",
                      explanation=row.message if row else "no valid score", metadata=metadata)
 
