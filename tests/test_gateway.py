@@ -323,6 +323,30 @@ def test_a_dollar_budget_needs_prices(gw: Gateway, tmp_path: Path, backend: Fake
     assert (totals.cost_usd, totals.priced, totals.tokens) == (0.0, False, 15)
 
 
+class OneChoiceUsage(FakeBackend):
+    """As llama.cpp's server: `n` choices, but the usage counts the completion tokens of one."""
+
+    usage_counts_one_choice = True
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        out = await super().chat(body)
+        out["choices"] = [{**out["choices"][0], "index": i} for i in range(int(body.get("n", 1)))]
+        return out
+
+
+def test_choices_a_backend_leaves_out_of_its_usage_are_charged(gw: Gateway, tmp_path: Path) -> None:
+    token = _grant(gw, tmp_path, OneChoiceUsage(), budget=Budget(tokens=60))
+    client = _client(gw, token)
+    out = client.chat.completions.create(model="task_model", n=3, messages=[{"role": "user", "content": "x"}])
+    assert len(out.choices) == 3
+    (row,) = _rows(tmp_path / "run" / "usage.jsonl")
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (10, 15)  # 5 per choice, not 5 in all
+    _ask(client, text="y")  # 25 + 15 = 40 tokens: under 60
+    client.chat.completions.create(model="task_model", n=3, messages=[{"role": "user", "content": "z"}])
+    with pytest.raises(openai.RateLimitError):  # 65 spent; counted one choice each, 45 would pass
+        _ask(client, text="w")
+
+
 # -- the usage log ---------------------------------------------------------------------------------------
 
 def test_every_request_is_a_row_and_the_totals_survive_a_restart(tmp_path: Path,

@@ -334,6 +334,9 @@ class Gateway:
         assert grant is not None and role is not None and model is not None
         usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
         prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+        choices = output.get("choices")
+        if getattr(model.backend, "usage_counts_one_choice", False) and isinstance(choices, list):
+            completion *= max(1, len(choices))
         self._record(grant, role, model, endpoint, t0, status=200, prompt=prompt, completion=completion,
                      error=None if usage else "the backend reported no usage")
         output["model"] = model.model_name

@@ -106,7 +106,8 @@ class ModelService:
                     if self._endpoint is None:
                         self._endpoint = self._local.enter_context(shared_local_server())
                     e = self._endpoint
-                    found = RoleModel(OpenAICompatibleBackend(e.base_url, e.model, e.api_key), e.model, FREE)
+                    found = RoleModel(OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
+                                                              usage_counts_one_choice=True), e.model, FREE)
                 else:
                     found = RoleModel(InspectBackend(spec), spec)
                 self._models[spec] = found
