@@ -17,6 +17,8 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo
+	$(BIN)/openrebench eval optimize_kernel --tier mini --agent react --model local --time-limit 1m \
+		--log-dir logs/demo --runs-dir runs/demo
 
 # Inspect's log viewer on the demo's logs (or LOG_DIR=...), without activating the virtual environment
 view: $(STAMP)

@@ -314,6 +314,28 @@ def test_unknown_roles_and_bad_budgets_are_one_line_errors(installed: Path) -> N
     assert info.exit_code == 0 and "judge" in info.output and "mockllm/model" in info.output
 
 
+def test_a_dollar_budget_needs_a_price_which_prices_gives(installed: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspect_ai._eval.registry import task_create
+
+    environment_tasks()
+    monkeypatch.setattr(model_service(), "prices", None)
+    unpriced = "openai-api/nowhere/unpriced"
+    with pytest.raises(TaskArgError, match=f"needs their prices, unknown for {unpriced}"):
+        task_create("openrebench/toy_judge", judge=unpriced, model_budget_usd=1)
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({unpriced: {"input": 1.0, "output": 2.0}}))
+    # `eval --prices` gives the service the prices before it makes the tasks (a bad file stops it first).
+    result = CliRunner().invoke(app, ["eval", "toy_judge", "--prices", str(tmp_path / "none.json"),
+                                      "--model-budget-usd", "1"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    from openrebench.gateway import load_prices
+
+    monkeypatch.setattr(model_service(), "prices", load_prices(prices))
+    task = task_create("openrebench/toy_judge", judge=unpriced, model_budget_usd=1)
+    assert task.sandbox.config.model_budget_usd == 1  # type: ignore[union-attr]
+
+
 @needs_bwrap
 def test_env_model_on_the_cli_reaches_the_grant_and_the_usage_reaches_the_log(
         installed: Path, tmp_path: Path, secrets_in_harness: None) -> None:

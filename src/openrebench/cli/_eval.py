@@ -160,7 +160,8 @@ def eval_(
     token_limit: Annotated[str | None, typer.Option(help="Tokens per attempt, e.g. 500k or 2M (react "
                                                          "default: 2M per hour of working time).")] = None,
     prices: Annotated[Path | None, typer.Option(help="JSON of US$ per 1M tokens by model for the cost "
-                                                     'estimate: {"openai/gpt-4o": {"input": 2.5, '
+                                                     'estimate and the environments\' models\' dollar '
+                                                     'budgets: {"openai/gpt-4o": {"input": 2.5, '
                                                      '"output": 10}}.')] = None,
     max_cost: Annotated[float, typer.Option(help="Stop before a react run whose cost bound (US$) is "
                                                  "above this, unless --yes.")] = 50.0,
@@ -210,6 +211,10 @@ def eval_(
     if model is not None:
         check_client(model)
     seconds = duration(time_limit) if time_limit else None
+    if prices is not None:  # the environments' models are priced, and their dollar budgets kept, by these
+        from openrebench.gateway import load_prices, model_service
+
+        model_service().prices = load_prices(prices)
     env_models = parse_env_models(env_model or [], ids, tier)
     budgets = {"model_budget_usd": model_budget_usd, "model_budget_tokens": model_budget_tokens}
     if any(v is not None for v in budgets.values()) and not any(get_env(e).tier(tier).models for e in ids):

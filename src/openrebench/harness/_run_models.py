@@ -79,7 +79,8 @@ def check_models(models: Mapping[str, str], budget: Budget) -> None:
     any run is set up, rather than at the grant."""
     if budget.usd is None:
         return
-    unpriced = sorted({m for m in models.values() if m != LOCAL_MODEL and find_price(m)[0] is None})
+    prices = model_service().prices  # `--prices` over the table
+    unpriced = sorted({m for m in models.values() if m != LOCAL_MODEL and find_price(m, prices)[0] is None})
     if unpriced:
         raise OpenRebenchError(f"a dollar budget for the environment's models needs their prices, unknown "
                                f"for {', '.join(unpriced)}: budget tokens instead")
