@@ -254,7 +254,7 @@ def test_a_provider_error_quoting_the_key_does_not_reach_the_client_or_the_log(
 @attack(env="gateway", cls="harness memory")
 def test_many_large_requests_at_once_hold_only_the_runs_slots_worth_of_bodies(tmp_path: Path) -> None:
     """Open 40 connections each sending a body at the size limit: all read into the harness's memory."""
-    gateway = Gateway(tmp_path / "gw.sock", max_body=64 * 1024, concurrency=2, request_timeout_s=30)
+    gateway = Gateway(tmp_path / "gw.sock", max_body=64 * 1024, concurrency=2, shutdown_timeout_s=0.2)
     reads = []
     original = gateway._body
 
@@ -274,20 +274,109 @@ def test_many_large_requests_at_once_hold_only_the_runs_slots_worth_of_bodies(tm
 
 
 @attack(env="gateway", cls="denial of service")
-@pytest.mark.xfail(strict=True, reason="the gateway serves every run from one socket and one process: it "
-                   "neither closes a connection that sends nothing nor caps connections per run, so one "
-                   "agent can hold thousands open and run the harness out of file descriptors")
-def test_a_connection_that_sends_nothing_is_closed_soon(gw: Gateway) -> None:
-    """Slowloris: connections opened and left silent pile up in the harness's process."""
-    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    idle.connect(str(gw.socket_path))
-    idle.settimeout(5.0)
-    try:
-        assert idle.recv(1) == b""  # closed by the gateway within 5 s
-    except TimeoutError:
-        pytest.fail("the gateway kept a silent connection open for 5 s")
-    finally:
-        idle.close()
+def test_a_connection_that_sends_nothing_is_closed_soon(tmp_path: Path) -> None:
+    """Slowloris: connections opened and left silent pile up in the harness's process (aiohttp: 75 s)."""
+    from openrebench.gateway._server import KEEPALIVE_S
+
+    assert KEEPALIVE_S <= 15
+    gateway = Gateway(tmp_path / "gw.sock", keepalive_timeout_s=1.0)
+    with gateway.start_in_thread():
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        idle.connect(str(gateway.socket_path))
+        idle.settimeout(5.0)
+        try:
+            assert idle.recv(1) == b""  # closed by the gateway
+        except TimeoutError:
+            pytest.fail("the gateway kept a silent connection open for 5 s")
+        finally:
+            idle.close()
+
+
+@attack(env="gateway", cls="denial of service")
+def test_requests_queued_past_a_runs_limit_are_refused_at_once(tmp_path: Path) -> None:
+    """Queue hundreds of requests behind the run's busy slots: each holds a harness descriptor for 600 s."""
+    gateway = Gateway(tmp_path / "gw.sock", concurrency=1, max_pending=8, shutdown_timeout_s=0.2)
+    with gateway.start_in_thread():
+        token = _grant(gateway, tmp_path, Hangs())
+        body = _post(token, {"model": "task_model", "messages": [{"role": "user", "content": "x"}]})
+        held = [_raw(gateway.socket_path, body) for _ in range(8)]
+        time.sleep(0.3)
+        extra = _raw(gateway.socket_path, body)
+        extra.settimeout(5.0)
+        try:
+            assert b" 429 " in extra.recv(4096).split(b"\r\n")[0]
+        finally:
+            for c in [*held, extra]:
+                c.close()
+
+
+class OneAtATime(FakeBackend):
+    """A shared upstream that serves one request at a time (the local llama.cpp server has a few slots)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.lock: asyncio.Lock | None = None
+        self.asked = 0
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.asked += 1
+        self.lock = self.lock or asyncio.Lock()
+        async with self.lock:
+            return await super().chat(body)
+
+
+@attack(env="gateway", cls="denial of service")
+@pytest.mark.xfail(strict=True, reason="backends are shared by every run (one per model spec, the local "
+                   "llama.cpp server for all) and the gateway hands them every run's requests first come, "
+                   "first served: one run's 16 slots starve the others, whose scorers' judges then time out "
+                   "and their scores are invalid, charged to those agents (the fix: a fair queue per "
+                   "backend)")
+def test_one_run_flooding_a_shared_backend_does_not_starve_another_runs_scorer(
+        gw: Gateway, tmp_path: Path) -> None:
+    """Flood the shared (local) model with the run's 16 slots so that other runs' judges time out."""
+    shared = OneAtATime(delay_s=0.1)
+    hog = _grant(gw, tmp_path, shared, run="hog")
+    victim = _client(gw, _grant(gw, tmp_path, shared, run="victim"))
+    flood = threading.Thread(target=_flood, args=(gw, hog, 16), daemon=True)
+    flood.start()
+    deadline = time.monotonic() + 10
+    while shared.asked < 16 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    victim.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "judge"}])
+    waited = time.monotonic() - t0
+    flood.join()
+    assert waited < 0.5, f"the other run's request waited {waited:.1f} s behind the flood"
+
+
+@attack(env="gateway", cls="denial of service")
+@pytest.mark.xfail(strict=True, reason="every run's connections reach one Unix socket of the harness's "
+                   "process and are told apart only by the token of each request: a run that keeps "
+                   "thousands of keep-alive connections busy with cheap requests holds as many descriptors "
+                   "(the fix: a socket per run, whose connections can be capped)")
+def test_a_run_cannot_hold_more_connections_open_than_its_limit(tmp_path: Path) -> None:
+    """Keep hundreds of keep-alive connections open, each with a cheap authorised request now and then."""
+    gateway = Gateway(tmp_path / "gw.sock", max_pending=8)
+    with gateway.start_in_thread():
+        token = _grant(gateway, tmp_path, FakeBackend())
+        ask = (f"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
+        conns = [_raw(gateway.socket_path, ask) for _ in range(40)]
+        try:
+            for c in conns:
+                c.settimeout(5.0)
+                c.recv(65536)
+            time.sleep(0.3)
+            open_now = 0
+            for c in conns:
+                c.setblocking(False)
+                try:
+                    open_now += c.recv(1) != b""
+                except BlockingIOError:
+                    open_now += 1
+            assert open_now <= 8, f"{open_now} connections of one run held open"
+        finally:
+            for c in conns:
+                c.close()
 
 
 # -- from inside the agent's sandbox ----------------------------------------------------------------------

@@ -39,6 +39,10 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 MAX_CHOICES = 16  # `n` of one request: each choice is charged, and held against the budget meanwhile
 CAP_UNASKED = 4096  # completion tokens per choice held for a request that names no `max_tokens`; it is
 # capped at what remains of the budget once that is less (any model takes a cap this small)
+MAX_PENDING = 128  # requests of one grant in flight or waiting for a slot: more are refused at once (each
+# holds a connection, hence a file descriptor of the harness, until it ends)
+KEEPALIVE_S = 15.0  # a connection idle this long (a new one that sent nothing too) is closed: each is a
+# file descriptor of the harness's process, which serves every run
 BYTES_PER_TOKEN = 4  # the estimate of a request's prompt before the backend counts it
 
 
@@ -72,7 +76,9 @@ class Grant:
     prices: dict[str, Mapping[str, float] | None]
     concurrency: int
     phase: str | None = None  # when the run uses it (`agent`, `scoring`), recorded in each row
+    max_pending: int = MAX_PENDING
     slots: asyncio.Semaphore = field(init=False, repr=False)
+    pending: int = field(init=False, default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.slots = asyncio.Semaphore(self.concurrency)
@@ -159,7 +165,8 @@ class Gateway:
     def __init__(self, socket_path: Path | None, tcp_port: int | None = None, *,
                  prices: Mapping[str, Mapping[str, float]] | None = None, max_body: int = MAX_BODY,
                  request_timeout_s: float = REQUEST_TIMEOUT_S, concurrency: int = CONCURRENCY,
-                 log_path: Path | None = None, shutdown_timeout_s: float = 60.0) -> None:
+                 log_path: Path | None = None, shutdown_timeout_s: float = 60.0,
+                 keepalive_timeout_s: float = KEEPALIVE_S, max_pending: int = MAX_PENDING) -> None:
         if socket_path is None and tcp_port is None:
             raise ValueError("the gateway needs a Unix socket, a TCP port or both")
         self.socket_path = None if socket_path is None else Path(socket_path)
@@ -173,6 +180,8 @@ class Gateway:
         self._anonymous = None if log_path is None else UsageLog(log_path)
         self._runner: web.AppRunner | None = None
         self.shutdown_timeout_s = shutdown_timeout_s  # requests in flight at `close` then end, charged
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self.max_pending = max_pending
 
     # -- grants ---------------------------------------------------------------------------------------
 
@@ -199,7 +208,7 @@ class Gateway:
             if log is None:
                 log = self._logs[path] = UsageLog(path)
             grant = Grant(token, run_id or path.parent.name, dict(roles), budget, log, prices,
-                          concurrency or self.concurrency, phase)
+                          concurrency or self.concurrency, phase, self.max_pending)
             self._grants[_digest(token)] = grant
             self._backends.update((id(m.backend), m.backend) for m in roles.values())
         return grant
@@ -243,7 +252,8 @@ class Gateway:
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=self.shutdown_timeout_s)
+                                     shutdown_timeout=self.shutdown_timeout_s,
+                                     keepalive_timeout=self.keepalive_timeout_s)
         await self._runner.setup()
         try:
             if self.socket_path is not None:
@@ -345,6 +355,11 @@ class Gateway:
             call.grant = self._authorised(request)
             if request.content_length is not None and request.content_length > self.max_body:
                 raise _too_large(self.max_body)
+            if call.grant.pending >= call.grant.max_pending:
+                raise _Refusal(429, f"too many requests of this run at once (at most "
+                               f"{call.grant.max_pending} in flight or waiting)", "rate_limit_exceeded",
+                               "too_many_requests")
+            call.grant.pending += 1
             try:
                 async with asyncio.timeout(self.request_timeout_s), call.grant.slots:
                     output, stream, include_usage = await self._answer(request, endpoint, call)
@@ -352,6 +367,7 @@ class Gateway:
                 raise _Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
                                "timeout", "timeout") from None
             finally:
+                call.grant.pending -= 1
                 call.release()
         except _Refusal as r:
             self._record(call.grant, call.role, call.model, endpoint, t0, status=r.status, error=r.message,
