@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import re
 import time
 import uuid
 from typing import Any, Protocol, runtime_checkable
@@ -53,6 +55,19 @@ class BadRequest(BackendError):
 
     status = 400
     type = "invalid_request_error"
+
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+
+
+def redact(text: str, *extra: str | None) -> str:
+    """`text` with the harness's secrets (the values of its environment variables named like keys,
+    and `extra`) replaced: a provider's error message may quote the key it was given."""
+    secrets = {v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8}
+    secrets.update(x for x in extra if x and len(x) >= 8)
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+    return text
 
 
 @runtime_checkable
@@ -199,10 +214,10 @@ class InspectBackend:
         except BackendError:
             raise
         except Exception as e:
-            raise BackendError(f"the model {self.name} failed: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0][:300] if str(e) else ''}") from e
+            detail = redact(str(e).splitlines()[0] if str(e) else "", self._spec[1])[:300]
+            raise BackendError(f"the model {self.name} failed: {type(e).__name__}: {detail}") from e
         if output.error:
-            raise BackendError(f"the model {self.name} failed: {output.error[:300]}")
+            raise BackendError(f"the model {self.name} failed: {redact(output.error, self._spec[1])[:300]}")
         choices = []
         for i, c in enumerate(output.choices):
             message: Body = {"role": "assistant", "content": c.message.text}
@@ -215,14 +230,16 @@ class InspectBackend:
                 "content": [lp.model_dump(exclude_none=True) for lp in c.logprobs.content]}
             choices.append({"index": i, "message": message, "logprobs": logprobs,
                             "finish_reason": FINISH.get(c.stop_reason, "stop")})
+        answer: Body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                        "created": int(time.time()), "model": self.name, "choices": choices}
         usage = output.usage
-        prompt = usage.input_tokens + (usage.input_tokens_cache_read or 0) + (
-            usage.input_tokens_cache_write or 0) if usage else 0
-        completion = usage.output_tokens if usage else 0
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                "created": int(time.time()), "model": self.name, "choices": choices,
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                          "total_tokens": prompt + completion}}
+        if usage is not None:  # none: the gateway estimates it, rather than charge nothing
+            prompt = usage.input_tokens + (usage.input_tokens_cache_read or 0) + (
+                usage.input_tokens_cache_write or 0)
+            completion = usage.output_tokens
+            answer["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                               "total_tokens": prompt + completion}
+        return answer
 
     async def complete(self, body: Body) -> Body:
         raise Unsupported(f"the model {self.name} has no text completions endpoint through Inspect "
@@ -300,7 +317,8 @@ class OpenAICompatibleBackend:
         if status >= 400:
             detail = data.get("error") if isinstance(data, dict) else None
             message = detail.get("message") if isinstance(detail, dict) else detail
-            text = str(message or raw[:300].decode(errors="replace")).strip()
+            text = redact(str(message or raw[:300].decode(errors="replace")).strip(),
+                          self._headers.get("Authorization", "")[7:])
             if 400 <= status < 500 and status not in (401, 403):  # 401/403: the harness's key is wrong
                 raise BackendError(f"upstream: {text}", status=status, type="invalid_request_error")
             raise BackendError(f"the upstream {self.base_url} failed (HTTP {status}): {text}")

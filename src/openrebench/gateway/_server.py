@@ -36,6 +36,14 @@ MAX_BODY = 1 << 20  # bytes of one request: a long chat fits many times over
 REQUEST_TIMEOUT_S = 600.0  # one model call, waiting for a free slot included
 CONCURRENCY = 16  # model calls of one run at once: also bounds how far a budget can be overshot
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+MAX_CHOICES = 16  # `n` of one request: each choice is charged, and held against the budget meanwhile
+CAP_UNASKED = 4096  # completion tokens per choice held for a request that names no `max_tokens`; it is
+# capped at what remains of the budget once that is less (any model takes a cap this small)
+MAX_PENDING = 128  # requests of one grant in flight or waiting for a slot: more are refused at once (each
+# holds a connection, hence a file descriptor of the harness, until it ends)
+KEEPALIVE_S = 15.0  # a connection idle this long (a new one that sent nothing too) is closed: each is a
+# file descriptor of the harness's process, which serves every run
+BYTES_PER_TOKEN = 4  # the estimate of a request's prompt before the backend counts it
 
 
 @dataclass(frozen=True)
@@ -68,13 +76,30 @@ class Grant:
     prices: dict[str, Mapping[str, float] | None]
     concurrency: int
     phase: str | None = None  # when the run uses it (`agent`, `scoring`), recorded in each row
+    max_pending: int = MAX_PENDING
     slots: asyncio.Semaphore = field(init=False, repr=False)
+    pending: int = field(init=False, default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.slots = asyncio.Semaphore(self.concurrency)
 
     def totals(self) -> Totals:
         return self.usage.totals()
+
+    def available(self, price: Mapping[str, float] | None) -> int | None:
+        """Completion tokens the budget still has room for, after what is spent and what the requests in
+        flight hold (None: no limit). A request's own prompt is not taken off: the budget may be
+        overshot by one prompt (at most `max_body` bytes), as a request is let through until it is spent."""
+        t, (held_tokens, held_usd) = self.totals(), self.usage.held()
+        room: int | None = None
+        if self.budget.tokens is not None:
+            room = self.budget.tokens - t.tokens - held_tokens
+        out = price.get("output", 0.0) if price else 0.0
+        if self.budget.usd is not None and out > 0:
+            left = self.budget.usd - t.cost_usd - held_usd
+            dollars = int(left / out * 1e6)
+            room = dollars if room is None else min(room, dollars)
+        return room
 
     def resolve(self, name: object) -> tuple[str, RoleModel] | None:
         """The role a request's `model` names: the role itself or its model's name."""
@@ -140,7 +165,8 @@ class Gateway:
     def __init__(self, socket_path: Path | None, tcp_port: int | None = None, *,
                  prices: Mapping[str, Mapping[str, float]] | None = None, max_body: int = MAX_BODY,
                  request_timeout_s: float = REQUEST_TIMEOUT_S, concurrency: int = CONCURRENCY,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, shutdown_timeout_s: float = 60.0,
+                 keepalive_timeout_s: float = KEEPALIVE_S, max_pending: int = MAX_PENDING) -> None:
         if socket_path is None and tcp_port is None:
             raise ValueError("the gateway needs a Unix socket, a TCP port or both")
         self.socket_path = None if socket_path is None else Path(socket_path)
@@ -153,6 +179,9 @@ class Gateway:
         self._lock = threading.Lock()  # grants are made and revoked from other threads
         self._anonymous = None if log_path is None else UsageLog(log_path)
         self._runner: web.AppRunner | None = None
+        self.shutdown_timeout_s = shutdown_timeout_s  # requests in flight at `close` then end, charged
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self.max_pending = max_pending
 
     # -- grants ---------------------------------------------------------------------------------------
 
@@ -179,7 +208,7 @@ class Gateway:
             if log is None:
                 log = self._logs[path] = UsageLog(path)
             grant = Grant(token, run_id or path.parent.name, dict(roles), budget, log, prices,
-                          concurrency or self.concurrency, phase)
+                          concurrency or self.concurrency, phase, self.max_pending)
             self._grants[_digest(token)] = grant
             self._backends.update((id(m.backend), m.backend) for m in roles.values())
         return grant
@@ -222,7 +251,9 @@ class Gateway:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=self.shutdown_timeout_s,
+                                     keepalive_timeout=self.keepalive_timeout_s)
         await self._runner.setup()
         try:
             if self.socket_path is not None:
@@ -293,7 +324,7 @@ class Gateway:
             return _not_granted(request.match_info["model"])
         return web.json_response(self._model_entry(*found))
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def _body(self, request: web.Request) -> tuple[dict[str, Any], int]:
         if request.content_length is not None and request.content_length > self.max_body:
             raise _too_large(self.max_body)
         try:
@@ -308,78 +339,109 @@ class Gateway:
         if not isinstance(body, dict):
             raise _Refusal(400, "the request body must be a JSON object", "invalid_request_error",
                            "invalid_json")
-        return body
+        return body, len(raw)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
-        """One model call: authorise, read, resolve the model, check the budget, call, meter, answer."""
+        """One model call: authorise, wait for one of the run's slots, read, resolve the model, hold
+        its share of the budget, call, meter, answer.
+
+        The body is read only once a slot is held, so a run's requests hold at most `concurrency`
+        bodies in the harness's memory however many connections it opens. A call that times out or is
+        cancelled (the gateway closing) is charged what it held: the provider may have spent it."""
         t0 = time.perf_counter()
         endpoint = ENDPOINTS[request.path]
-        grant: Grant | None = None
-        role: str | None = None
-        model: RoleModel | None = None
+        call = _Call()
         try:
-            grant = self._authorised(request)
-            body = await self._body(request)
-            found = grant.resolve(body.get("model"))
-            if found is None:
-                raise _Refusal(*_not_granted_args(body.get("model")))
-            role, model = found
-            stream = bool(body.pop("stream", False))  # answered whole, as one event (see _sse)
-            options = body.pop("stream_options", None)
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            output = await self._call(grant, model, endpoint, body)
+            call.grant = self._authorised(request)
+            if request.content_length is not None and request.content_length > self.max_body:
+                raise _too_large(self.max_body)
+            if call.grant.pending >= call.grant.max_pending:
+                raise _Refusal(429, f"too many requests of this run at once (at most "
+                               f"{call.grant.max_pending} in flight or waiting)", "rate_limit_exceeded",
+                               "too_many_requests")
+            call.grant.pending += 1
+            try:
+                async with asyncio.timeout(self.request_timeout_s), call.grant.slots:
+                    output, stream, include_usage = await self._answer(request, endpoint, call)
+            except TimeoutError:
+                raise _Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
+                               "timeout", "timeout") from None
+            finally:
+                call.grant.pending -= 1
+                call.release()
         except _Refusal as r:
-            self._record(grant, role, model, endpoint, t0, status=r.status, error=r.message)
+            self._record(call.grant, call.role, call.model, endpoint, t0, status=r.status, error=r.message,
+                         **call.charge())
             return error_response(r.status, r.message, r.type, r.code, r.headers)
+        except asyncio.CancelledError:
+            self._record(call.grant, call.role, call.model, endpoint, t0, status=499,
+                         error="cancelled (the gateway closed): charged what the call held", **call.charge())
+            raise
+        grant, role, model = call.grant, call.role, call.model
         assert grant is not None and role is not None and model is not None
         usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
         prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
         choices = output.get("choices")
-        if getattr(model.backend, "usage_counts_one_choice", False) and isinstance(choices, list):
+        error = None
+        if prompt is None or completion is None:  # never free: an estimate from the bytes
+            error = "the backend reported no usage: estimated"
+            if prompt is None:
+                prompt = call.prompt_estimate
+            if completion is None:
+                completion = -(-len(json.dumps(choices, default=str)) // BYTES_PER_TOKEN)
+        elif getattr(model.backend, "usage_counts_one_choice", False) and isinstance(choices, list):
             completion *= max(1, len(choices))
         self._record(grant, role, model, endpoint, t0, status=200, prompt=prompt, completion=completion,
-                     error=None if usage else "the backend reported no usage")
+                     error=error)
         output["model"] = model.model_name
         if stream:
             return web.Response(body=_sse(output, endpoint, include_usage), content_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache"})
         return web.json_response(output)
 
-    async def _call(self, grant: Grant, model: RoleModel, endpoint: str, body: dict[str, Any]
-                    ) -> dict[str, Any]:
+    async def _answer(self, request: web.Request, endpoint: str, call: _Call
+                      ) -> tuple[dict[str, Any], bool, bool]:
+        grant = call.grant
+        assert grant is not None
+        body, size = await self._body(request)
+        found = grant.resolve(body.get("model"))
+        if found is None:
+            raise _Refusal(*_not_granted_args(body.get("model")))
+        call.role, call.model = found
+        stream = bool(body.pop("stream", False))  # answered whole, as one event (see _sse)
+        options = body.pop("stream_options", None)
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        spent = grant.exhausted()
+        if spent is not None:
+            raise _Refusal(429, spent, "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
+        call.hold(grant, _limit(body, grant.available(grant.prices[call.role])), size // BYTES_PER_TOKEN)
+        backend = call.model.backend
         try:
-            async with asyncio.timeout(self.request_timeout_s), grant.slots:
-                # Checked once a slot is held: at most `concurrency` calls run past a spent budget.
-                spent = grant.exhausted()
-                if spent is not None:
-                    raise _Refusal(429, spent, "budget_exceeded", "budget_exceeded",
-                                   {"x-should-retry": "false"})
-                call = model.backend.chat if endpoint == "chat" else model.backend.complete
-                output = await call(body)
-        except _Refusal:
-            raise
-        except TimeoutError:
-            raise _Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
-                           "timeout", "timeout") from None
+            output = await (backend.chat if endpoint == "chat" else backend.complete)(body)
         except BackendError as e:
+            call.started = e.status == 504  # refused upstream, nothing spent, unless it timed out
             raise _Refusal(e.status, e.message, e.type, e.type) from None
+        except (TimeoutError, asyncio.CancelledError):
+            raise
         except Exception as e:
-            logger.exception("the backend of %s failed", model.model_name)
-            raise _Refusal(502, f"the backend of {model.model_name} failed ({type(e).__name__})",
+            call.started = False
+            logger.exception("the backend of %s failed", call.model.model_name)
+            raise _Refusal(502, f"the backend of {call.model.model_name} failed ({type(e).__name__})",
                            "upstream_error", "upstream_error") from None
+        call.started = False
         if not isinstance(output, dict):
-            raise _Refusal(502, f"the backend of {model.model_name} gave no response object",
+            raise _Refusal(502, f"the backend of {call.model.model_name} gave no response object",
                            "upstream_error", "upstream_error")
-        return output
+        return output, stream, include_usage
 
     def _record(self, grant: Grant | None, role: str | None, model: RoleModel | None, endpoint: str,
-                t0: float, *, status: int, prompt: int = 0, completion: int = 0,
+                t0: float, *, status: int, prompt: int | None = 0, completion: int | None = 0,
                 error: str | None = None) -> None:
         log = grant.usage if grant is not None else self._anonymous
         fields = {"grant": None if grant is None else grant.run_id,
                   "phase": None if grant is None else grant.phase, "role": role,
                   "model": None if model is None else model.model_name, "endpoint": endpoint,
-                  "status": status, "prompt_tokens": prompt, "completion_tokens": completion,
+                  "status": status, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
                   "price": None if grant is None or role is None else grant.prices[role],
                   "latency_s": time.perf_counter() - t0, "error": error}
         if log is None:
@@ -391,8 +453,82 @@ class Gateway:
             logger.exception("the usage log %s cannot be written", log.path)
 
 
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+@dataclass
+class _Call:
+    """One request on its way: whom it is for, and what of the budget it holds while in flight."""
+
+    grant: Grant | None = None
+    role: str | None = None
+    model: RoleModel | None = None
+    prompt_estimate: int = 0
+    completion_held: int = 0
+    started: bool = False  # the backend has it: a timeout or cancellation may have cost the provider
+    _held: tuple[int, float] | None = None
+
+    def hold(self, grant: Grant, completion: int, prompt: int) -> None:
+        assert self.role is not None
+        price = grant.prices[self.role] or {}
+        self.prompt_estimate, self.completion_held = prompt, completion
+        tokens = prompt + completion
+        usd = (prompt * price.get("input", 0.0) + completion * price.get("output", 0.0)) / 1e6
+        self._held = (tokens, usd)
+        grant.usage.hold(tokens, usd)
+        self.started = True
+
+    def release(self) -> None:
+        if self._held is not None and self.grant is not None:
+            self.grant.usage.hold(-self._held[0], -self._held[1])
+            self._held = None
+
+    def charge(self) -> dict[str, int]:
+        """What a call that ended without an answer is charged: nothing, unless the backend had it."""
+        if not self.started:
+            return {}
+        return {"prompt": self.prompt_estimate, "completion": self.completion_held}
+
+
+def _positive_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _Refusal(400, f"'{key}' must be a positive integer", "invalid_request_error", "invalid_value")
+    return value
+
+
+def _limit(body: dict[str, Any], room: int | None) -> int:
+    """Check `n` and the completion caps, cap the completion at the budget's `room` (shared among the
+    choices), and give the completion tokens the request holds while in flight."""
+    for key in ("n_predict", "best_of"):  # llama.cpp's own cap, vLLM's hidden choices: neither metered
+        if body.get(key) is not None and body.get(key) != 1:
+            raise _Refusal(400, f"'{key}' is not supported by the gateway (use max_tokens and n)",
+                           "invalid_request_error", "unsupported_parameter")
+    n = _positive_int(body, "n") or 1
+    prompt = body.get("prompt")  # text completions take a batch of prompts: `n` choices each
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        n *= len(prompt)
+    if n > MAX_CHOICES:
+        raise _Refusal(400, f"'n' (times the prompts of a batch) is at most {MAX_CHOICES} through the "
+                       "gateway", "invalid_request_error", "invalid_value")
+    caps = {k: v for k in ("max_tokens", "max_completion_tokens") if (v := _positive_int(body, k))}
+    asked = min(caps.values()) if caps else None
+    if room is None:
+        return 0
+    share = room // n
+    if share < 1:
+        raise _Refusal(429, f"budget exceeded: what remains of the run's budget ({max(room, 0):,} tokens) "
+                       f"is held by its requests in flight or is less than the {n} choice(s) asked",
+                       "budget_exceeded", "budget_exceeded")
+    if asked is None and share > CAP_UNASKED:
+        return CAP_UNASKED * n  # held, not imposed: a long answer may still overshoot by a little
+    cap = share if asked is None else min(asked, share)
+    for key in caps or ("max_tokens",):
+        body[key] = cap
+    return cap * n
 
 
 def _too_large(limit: int) -> _Refusal:

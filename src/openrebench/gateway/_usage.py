@@ -61,6 +61,7 @@ class UsageLog:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._totals = Totals()
+        self._held = (0, 0.0)  # tokens and dollars the requests in flight hold (not in the file)
         self._skipped = 0
         needs_newline = False
         if self.path.exists():
@@ -113,6 +114,15 @@ class UsageLog:
     def totals(self) -> Totals:
         with self._lock:
             return self._totals
+
+    def hold(self, tokens: int, usd: float) -> None:
+        """Count (negative: release) what a request in flight may spend, for the grants sharing the log."""
+        with self._lock:
+            self._held = (self._held[0] + tokens, self._held[1] + usd)
+
+    def held(self) -> tuple[int, float]:
+        with self._lock:
+            return self._held
 
     def rows(self) -> list[dict[str, Any]]:
         """Every readable row of the file, oldest first."""

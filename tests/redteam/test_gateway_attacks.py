@@ -1,0 +1,424 @@
+# ruff: noqa: F811 - the fixtures imported above are the tests' arguments
+"""Attacks on the model gateway by the agent inside the sandbox, holding its run's token in OPENAI_API_KEY
+and the forwarder's address in OPENAI_BASE_URL: spending past the budget without being charged, models
+and grants it was not given, the harness's keys, the usage log, the gateway's memory and connections,
+and the local model server. Each test asserts the defended behaviour: a failing one means the attack
+works. Most use the gateway with fake backends (fast); the sandbox ones the toy `judge` environment of
+tests/test_gateway_sandbox.py in a real bwrap sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from openrebench.gateway import Budget, Gateway, InspectBackend, RoleModel
+from openrebench.gateway._server import MAX_CHOICES
+from test_gateway import PRICE, FakeBackend, Hangs, _aclient, _client, _grant, _rows, backend, gw  # noqa: F401
+from test_gateway_sandbox import installed, needs_bwrap, open_box, secrets_in_harness  # noqa: F401
+
+attack = pytest.mark.attack
+
+
+class Generates(FakeBackend):
+    """An upstream that writes as much as it is let: `max_tokens` (or `max_completion_tokens`) tokens a
+    choice, else 100,000, reported in its usage (or no usage at all, with `usage=False`)."""
+
+    def __init__(self, delay_s: float = 0.05, usage: bool = True) -> None:
+        super().__init__(delay_s)
+        self.usage = usage
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies.append(dict(body))
+        await asyncio.sleep(self.delay_s)
+        cap = body.get("max_completion_tokens") or body.get("max_tokens") or 100_000
+        n = body.get("n") or 1
+        out: dict[str, Any] = {
+            "id": "x", "object": "chat.completion", "created": 0, "model": "upstream",
+            "choices": [{"index": i, "message": {"role": "assistant", "content": "word " * min(cap, 2000)},
+                         "finish_reason": "length"} for i in range(n)]}
+        if self.usage:
+            out["usage"] = {"prompt_tokens": 10, "completion_tokens": cap * n, "total_tokens": 10 + cap * n}
+        return out
+
+
+def _flood(gw: Gateway, token: str, requests: int, **kw: Any) -> list[int]:
+    async def one(client: openai.AsyncOpenAI) -> int:
+        try:
+            await client.chat.completions.create(model="task_model",
+                                                 messages=[{"role": "user", "content": "go"}], **kw)
+            return 200
+        except openai.APIStatusError as e:
+            return e.status_code
+
+    async def main() -> list[int]:
+        async with _aclient(gw, token) as client:
+            return list(await asyncio.gather(*(one(client) for _ in range(requests))))
+
+    return asyncio.run(main())
+
+
+def _raw(path: Path, data: bytes) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(path))
+    s.sendall(data)
+    return s
+
+
+def _post(token: str, body: dict[str, Any] | bytes, length: int | None = None) -> bytes:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length or len(data)}\r\n\r\n")
+    return head.encode() + data
+
+
+def _wait_rows(path: Path, count: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and len(rows := _rows(path)) >= count:
+            return rows
+        time.sleep(0.05)
+    return _rows(path) if path.exists() else []
+
+
+# -- spending past the budget ------------------------------------------------------------------------------
+
+@attack(env="gateway", cls="budget overshoot")
+def test_sixteen_concurrent_requests_with_a_huge_max_tokens_stay_within_the_token_budget(
+        gw: Gateway, tmp_path: Path) -> None:
+    """Huge max_tokens on 16 requests at once: each passes the budget check before any is charged."""
+    backend = Generates()
+    token = _grant(gw, tmp_path, backend, budget=Budget(tokens=1000))
+    statuses = _flood(gw, token, 16, max_tokens=1_000_000)
+    assert 200 in statuses and set(statuses) <= {200, 429}
+    spent = gw._grants[next(iter(gw._grants))].totals().tokens
+    assert spent <= 1000 + 16 * 10, spent  # the budget, overshot by prompts at most
+    assert all((b.get("max_tokens") or 0) <= 1000 for b in backend.bodies)
+
+
+@attack(env="gateway", cls="budget overshoot")
+def test_requests_naming_no_max_tokens_stay_within_the_dollar_budget(gw: Gateway, tmp_path: Path) -> None:
+    """No max_tokens at all near the end of a dollar budget: the model writes as long as it likes."""
+    backend = Generates()
+    token = _grant(gw, tmp_path, backend, budget=Budget(usd=0.5))  # 250 output tokens at $2000/M
+    statuses = _flood(gw, token, 8)
+    assert 200 in statuses
+    cost = _rows(tmp_path / "run" / "usage.jsonl")
+    assert sum(r["cost_usd"] for r in cost) <= 0.5 + 8 * 0.01, cost
+
+
+@attack(env="gateway", cls="budget overshoot")
+def test_many_choices_and_uncounted_length_parameters_are_refused_before_the_backend(
+        gw: Gateway, tmp_path: Path) -> None:
+    """n=10000, max_tokens as a string (coerced by Inspect), llama.cpp's n_predict, vLLM's best_of."""
+    backend = Generates()
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=100_000)))
+    for extra in ({"n": 10_000}, {"n": MAX_CHOICES + 1}, {"max_tokens": "1000000"},
+                  {"max_completion_tokens": 1.5e9}, {"n_predict": 1_000_000}, {"best_of": 50}):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "x"}],
+                                           extra_body=extra)
+    with pytest.raises(openai.BadRequestError):  # a batch of prompts is one choice each
+        client.completions.create(model="task_model", prompt=["p"] * (MAX_CHOICES + 1), max_tokens=10)
+    assert backend.bodies == []
+    out = client.chat.completions.create(model="task_model", n=4, max_tokens=100_000,
+                                         messages=[{"role": "user", "content": "x"}])
+    assert len(out.choices) == 4 and backend.bodies[-1]["max_tokens"] <= 100_000 // 4
+
+
+@attack(env="gateway", cls="unmetered request")
+def test_a_streamed_answer_is_charged_like_a_whole_one(gw: Gateway, tmp_path: Path,
+                                                        backend: FakeBackend) -> None:
+    """stream=True without stream_options: the client never sees usage; is it still charged?"""
+    client = _client(gw, _grant(gw, tmp_path, backend))
+    chunks = list(client.chat.completions.create(model="task_model", stream=True,
+                                                 messages=[{"role": "user", "content": "s"}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "echo: s"
+    (row,) = _rows(tmp_path / "run" / "usage.jsonl")
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (10, 5)
+
+
+@attack(env="gateway", cls="unmetered request")
+def test_an_answer_without_usage_is_charged_an_estimate_not_nothing(gw: Gateway, tmp_path: Path) -> None:
+    """A backend (or an Inspect provider) that reports no usage: the tokens would be free."""
+    client = _client(gw, _grant(gw, tmp_path, Generates(usage=False), budget=Budget(tokens=10**6)))
+    client.chat.completions.create(model="task_model", max_tokens=2000,
+                                   messages=[{"role": "user", "content": "q" * 4000}])
+    (row,) = _rows(tmp_path / "run" / "usage.jsonl")
+    assert row["prompt_tokens"] >= 1000 and row["completion_tokens"] >= 2000, row
+
+
+@attack(env="gateway", cls="unmetered request")
+def test_inspect_output_without_usage_is_charged_an_estimate(gw: Gateway, tmp_path: Path) -> None:
+    """An Inspect provider's output with usage None reached the log as zero tokens, silently."""
+    from inspect_ai.model import ModelOutput
+
+    long = ModelOutput.from_content("mockllm/model", "w" * 8000)
+    assert long.usage is None
+    backend = InspectBackend("mockllm/model", custom_outputs=[long])
+    client = _client(gw, _grant(gw, tmp_path, backend, roles={"task_model": RoleModel(backend, "mockllm/x")}))
+    client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "hi"}])
+    (row,) = _rows(tmp_path / "run" / "usage.jsonl")
+    assert row["completion_tokens"] >= 2000, row
+
+
+@attack(env="gateway", cls="unmetered request")
+def test_a_client_that_hangs_up_mid_call_is_still_charged(gw: Gateway, tmp_path: Path) -> None:
+    """Send the request, close the connection before the answer: the provider spent the tokens."""
+    token = _grant(gw, tmp_path, FakeBackend(delay_s=0.3))
+    _raw(gw.socket_path, _post(token, {"model": "task_model",  # type: ignore[arg-type]
+                                       "messages": [{"role": "user", "content": "bye"}]})).close()
+    (row,) = _wait_rows(tmp_path / "run" / "usage.jsonl", 1)
+    assert row["status"] == 200 and row["completion_tokens"] == 5
+
+
+@attack(env="gateway", cls="unmetered request")
+def test_a_call_the_gateway_times_out_is_charged_what_it_held(tmp_path: Path) -> None:
+    """A call running past the gateway's timeout was logged as 0 tokens, the provider's bill aside."""
+    gateway = Gateway(tmp_path / "gw.sock", request_timeout_s=0.3)
+    with gateway.start_in_thread():
+        token = _grant(gateway, tmp_path, Hangs(), budget=Budget(tokens=100_000))
+        with pytest.raises(openai.APIStatusError) as e:
+            _client(gateway, token).chat.completions.create(
+                model="task_model", max_tokens=500, messages=[{"role": "user", "content": "x"}])
+        assert e.value.status_code == 504
+    (row,) = _rows(tmp_path / "run" / "usage.jsonl")
+    assert row["completion_tokens"] == 500, row
+
+
+@attack(env="gateway", cls="restart loses usage")
+def test_a_call_in_flight_when_the_gateway_stops_is_logged_and_charged(tmp_path: Path) -> None:
+    """Calls in flight when the gateway's thread stops (a restart) left no row: spent, never counted."""
+    gateway = Gateway(tmp_path / "gw.sock", shutdown_timeout_s=0.2)
+    thread = gateway.start_in_thread()
+    token = _grant(gateway, tmp_path, Hangs(), budget=Budget(tokens=100_000))
+    conn = _raw(gateway.socket_path, _post(token, {"model": "task_model", "max_tokens": 300,
+                                                   "messages": [{"role": "user", "content": "x"}]}))
+    time.sleep(0.3)
+    thread.stop()
+    conn.close()
+    (row,) = _wait_rows(tmp_path / "run" / "usage.jsonl", 1)
+    assert row["completion_tokens"] == 300 and row["status"] != 200, row
+
+
+# -- grants, models and keys -------------------------------------------------------------------------------
+
+@attack(env="gateway", cls="grant escape")
+def test_a_run_reaches_neither_another_runs_roles_nor_its_models_by_name(gw: Gateway, tmp_path: Path) -> None:
+    """Name the other run's role or model, guess tokens, send the token in other headers."""
+    mine, theirs = FakeBackend(), FakeBackend()
+    token = _grant(gw, tmp_path, mine, run="a")
+    _grant(gw, tmp_path, theirs, run="b", roles={"judge": RoleModel(theirs, "openai/gpt-4o", price=PRICE)})
+    client = _client(gw, token)
+    for model in ("judge", "openai/gpt-4o", "../judge", "task_model ", None):
+        with pytest.raises(openai.APIStatusError):
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    assert [m.id for m in client.models.list()] == ["task_model"] and theirs.bodies == []
+    for header in (f"Bearer {token[:-1]}", f"Basic {token}", f"bearer  {token}x", "Bearer "):
+        reply = _raw(gw.socket_path, _post("x", b"{}").replace(b"Bearer x", header.encode()))
+        assert b" 401 " in reply.recv(4096).split(b"\r\n")[0]
+
+
+@attack(env="gateway", cls="key leak")
+def test_a_provider_error_quoting_the_key_does_not_reach_the_client_or_the_log(
+        gw: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Provoke a provider error whose message quotes the harness's API key."""
+    secret = "sk-harness-secret-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+
+    class Leaky:
+        async def generate(self, *args: Any, **kw: Any) -> Any:
+            raise RuntimeError(f"Incorrect API key provided: {secret}. See the docs.")
+
+    backend = InspectBackend("openai/gpt-4o")
+    backend._model = Leaky()
+    client = _client(gw, _grant(gw, tmp_path, backend, roles={"task_model": RoleModel(backend, "x/y")}))
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "x"}])
+    assert "Incorrect API key" in e.value.message
+    assert secret not in e.value.message + (tmp_path / "run" / "usage.jsonl").read_text()
+
+
+# -- the gateway's memory and connections ---------------------------------------------------------------
+
+@attack(env="gateway", cls="harness memory")
+def test_many_large_requests_at_once_hold_only_the_runs_slots_worth_of_bodies(tmp_path: Path) -> None:
+    """Open 40 connections each sending a body at the size limit: all read into the harness's memory."""
+    gateway = Gateway(tmp_path / "gw.sock", max_body=64 * 1024, concurrency=2, shutdown_timeout_s=0.2)
+    reads = []
+    original = gateway._body
+
+    async def counting(request: Any) -> Any:
+        reads.append(request)
+        return await original(request)
+
+    gateway._body = counting  # type: ignore[method-assign]
+    with gateway.start_in_thread():
+        token = _grant(gateway, tmp_path, Hangs())
+        body = json.dumps({"model": "task_model", "messages": [{"role": "user", "content": "x" * 60_000}]})
+        conns = [_raw(gateway.socket_path, _post(token, body.encode())) for _ in range(40)]
+        time.sleep(1.0)
+        assert len(reads) <= 2, len(reads)
+        for c in conns:
+            c.close()
+
+
+@attack(env="gateway", cls="denial of service")
+def test_a_connection_that_sends_nothing_is_closed_soon(tmp_path: Path) -> None:
+    """Slowloris: connections opened and left silent pile up in the harness's process (aiohttp: 75 s)."""
+    from openrebench.gateway._server import KEEPALIVE_S
+
+    assert KEEPALIVE_S <= 15
+    gateway = Gateway(tmp_path / "gw.sock", keepalive_timeout_s=1.0)
+    with gateway.start_in_thread():
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        idle.connect(str(gateway.socket_path))
+        idle.settimeout(5.0)
+        try:
+            assert idle.recv(1) == b""  # closed by the gateway
+        except TimeoutError:
+            pytest.fail("the gateway kept a silent connection open for 5 s")
+        finally:
+            idle.close()
+
+
+@attack(env="gateway", cls="denial of service")
+def test_requests_queued_past_a_runs_limit_are_refused_at_once(tmp_path: Path) -> None:
+    """Queue hundreds of requests behind the run's busy slots: each holds a harness descriptor for 600 s."""
+    gateway = Gateway(tmp_path / "gw.sock", concurrency=1, max_pending=8, shutdown_timeout_s=0.2)
+    with gateway.start_in_thread():
+        token = _grant(gateway, tmp_path, Hangs())
+        body = _post(token, {"model": "task_model", "messages": [{"role": "user", "content": "x"}]})
+        held = [_raw(gateway.socket_path, body) for _ in range(8)]
+        time.sleep(0.3)
+        extra = _raw(gateway.socket_path, body)
+        extra.settimeout(5.0)
+        try:
+            assert b" 429 " in extra.recv(4096).split(b"\r\n")[0]
+        finally:
+            for c in [*held, extra]:
+                c.close()
+
+
+class OneAtATime(FakeBackend):
+    """A shared upstream that serves one request at a time (the local llama.cpp server has a few slots)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.lock: asyncio.Lock | None = None
+        self.asked = 0
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.asked += 1
+        self.lock = self.lock or asyncio.Lock()
+        async with self.lock:
+            return await super().chat(body)
+
+
+@attack(env="gateway", cls="denial of service")
+@pytest.mark.xfail(strict=True, reason="backends are shared by every run (one per model spec, the local "
+                   "llama.cpp server for all) and the gateway hands them every run's requests first come, "
+                   "first served: one run's 16 slots starve the others, whose scorers' judges then time out "
+                   "and their scores are invalid, charged to those agents (the fix: a fair queue per "
+                   "backend)")
+def test_one_run_flooding_a_shared_backend_does_not_starve_another_runs_scorer(
+        gw: Gateway, tmp_path: Path) -> None:
+    """Flood the shared (local) model with the run's 16 slots so that other runs' judges time out."""
+    shared = OneAtATime(delay_s=0.1)
+    hog = _grant(gw, tmp_path, shared, run="hog")
+    victim = _client(gw, _grant(gw, tmp_path, shared, run="victim"))
+    flood = threading.Thread(target=_flood, args=(gw, hog, 16), daemon=True)
+    flood.start()
+    deadline = time.monotonic() + 10
+    while shared.asked < 16 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    victim.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "judge"}])
+    waited = time.monotonic() - t0
+    flood.join()
+    assert waited < 0.5, f"the other run's request waited {waited:.1f} s behind the flood"
+
+
+@attack(env="gateway", cls="denial of service")
+@pytest.mark.xfail(strict=True, reason="every run's connections reach one Unix socket of the harness's "
+                   "process and are told apart only by the token of each request: a run that keeps "
+                   "thousands of keep-alive connections busy with cheap requests holds as many descriptors "
+                   "(the fix: a socket per run, whose connections can be capped)")
+def test_a_run_cannot_hold_more_connections_open_than_its_limit(tmp_path: Path) -> None:
+    """Keep hundreds of keep-alive connections open, each with a cheap authorised request now and then."""
+    gateway = Gateway(tmp_path / "gw.sock", max_pending=8)
+    with gateway.start_in_thread():
+        token = _grant(gateway, tmp_path, FakeBackend())
+        ask = (f"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
+        conns = [_raw(gateway.socket_path, ask) for _ in range(40)]
+        try:
+            for c in conns:
+                c.settimeout(5.0)
+                c.recv(65536)
+            time.sleep(0.3)
+            open_now = 0
+            for c in conns:
+                c.setblocking(False)
+                try:
+                    open_now += c.recv(1) != b""
+                except BlockingIOError:
+                    open_now += 1
+            assert open_now <= 8, f"{open_now} connections of one run held open"
+        finally:
+            for c in conns:
+                c.close()
+
+
+# -- from inside the agent's sandbox ----------------------------------------------------------------------
+
+@needs_bwrap
+@attack(env="gateway", cls="usage log forgery")
+def test_the_usage_log_and_the_gateways_folder_are_out_of_the_agents_reach(open_box: Any) -> None:
+    """Read or rewrite the run's usage log, or replace the gateway's socket, from the agent's sandbox."""
+    box = open_box(model_budget_tokens=100_000)
+    log = box.run.path / "gateway" / "usage.jsonl"
+    box.sh("true")
+    assert box.python("import json, openai; openai.OpenAI(max_retries=0).chat.completions.create(model="
+                      "'judge', messages=[{'role': 'user', 'content': 'x'}]); print(json.dumps(1))") == 1
+    before = log.read_bytes()
+    out = box.sh(f"cat {shlex.quote(str(log))}; echo '{{}}' >> {shlex.quote(str(log))}; "
+                 "find / -name usage.jsonl -o -name grant.json 2>/dev/null; "
+                 "rm -f /run/openrebench/gateway/gateway.sock; touch /run/openrebench/gateway/x; "
+                 "ls -A /run/openrebench/gateway")
+    assert log.read_bytes() == before
+    assert "usage.jsonl" not in out.stdout and "grant.json" not in out.stdout
+    assert out.stdout.split() == ["gateway.sock"], out.stdout
+
+
+@needs_bwrap
+@attack(env="gateway", cls="direct backend access")
+def test_the_agent_cannot_reach_a_server_on_the_hosts_loopback_nor_the_local_models_key(
+        open_box: Any) -> None:
+    """Talk to the local llama.cpp server directly (it listens on the host's 127.0.0.1), or read its key."""
+    from openrebench.base import cache_dir
+
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(8)
+    port = host.getsockname()[1]
+    accepted: list[Any] = []
+    threading.Thread(target=lambda: accepted.append(host.accept()), daemon=True).start()
+    box = open_box()
+    probe = (f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+             " print('open')\nexcept OSError as e:\n print('refused', e)")
+    out = box.sh(f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}; "
+                 f"ls -A {shlex.quote(str(cache_dir()))} 2>&1; "
+                 f"ls -A {shlex.quote(os.path.expanduser('~'))} 2>&1 | head -3")
+    host.close()
+    assert accepted == [] and "open" not in out.stdout.split(), out.stdout
+    assert "local-model" not in out.stdout and "server.json" not in out.stdout
