@@ -13,7 +13,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from openrebench.api import LOCAL_MODEL
 from openrebench.base import OpenRebenchError
+
+from ._local import INSPECT_COMPLETIONS_MODEL, INSPECT_MODEL
 
 # Providers that run the model on this machine (or a server the user runs): no per-token price.
 LOCAL_PROVIDERS = {"hf", "vllm", "vllm-completions", "sglang", "ollama", "llama-cpp-python", "mockllm",
@@ -52,11 +55,17 @@ def _undated(model: str) -> str:
     return re.sub(r"-(\d{8}|\d{4}-\d{2}-\d{2})$", "", model)
 
 
+OFFLINE_MODELS = (LOCAL_MODEL, INSPECT_MODEL, INSPECT_COMPLETIONS_MODEL)
+"""The offline default model's names: the `local` alias and its Inspect names (chat, completions)."""
+
+
 def find_price(model: str, prices: Mapping[str, Mapping[str, float]] | None = None
                ) -> tuple[dict[str, float] | None, str]:
     """US$ per 1M input/output tokens and where they come from (None: unknown)."""
     if prices and model in prices:
         return dict(prices[model]), "from --prices"
+    if model in OFFLINE_MODELS:  # it runs here: free but priced (real tokens at $0.00, not unknown)
+        return {"input": 0.0, "output": 0.0}, "runs locally"
     provider = model.split("/", 1)[0]
     if provider in LOCAL_PROVIDERS:
         return {"input": 0.0, "output": 0.0}, "runs locally"

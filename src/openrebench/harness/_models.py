@@ -19,14 +19,19 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from openrebench.api import LOCAL_MODEL, OpenRebenchError
-from openrebench.gateway import LOCAL_INSPECT_MODEL, LOCAL_MODEL_NAME, load_prices, shared_local_server
-from openrebench.gateway import find_price as _table_price
+from openrebench.gateway import (
+    LOCAL_INSPECT_MODEL,
+    LOCAL_MODEL_NAME,
+    find_price,
+    load_prices,
+    shared_local_server,
+)
 from openrebench.runs import get_environment
 
 from ._limits import Limits, fmt_duration, fmt_tokens
@@ -61,15 +66,6 @@ LOCAL_AGENT_SERVER = {"max_tokens": 256}
 def is_local(model: str | None) -> bool:
     """Whether `model` names the offline default model (the alias or one of its Inspect names)."""
     return model == LOCAL_ALIAS or model in LOCAL_MODELS
-
-
-def find_price(model: str, prices: Mapping[str, Mapping[str, float]] | None = None
-               ) -> tuple[dict[str, float] | None, str]:
-    """The gateway's price lookup, knowing the offline model too: it runs here, so it is free but priced
-    (cost $0.00 with real token counts, not an unknown price)."""
-    if is_local(model) and not (prices and model in prices):
-        return {"input": 0.0, "output": 0.0}, "runs locally"
-    return _table_price(model, prices)
 
 
 def resolve_agent_model(model: str | None) -> tuple[str | None, AbstractContextManager[object]]:

@@ -80,7 +80,7 @@ def check_models(models: Mapping[str, str], budget: Budget) -> None:
     if budget.usd is None:
         return
     prices = model_service().prices  # `--prices` over the table
-    unpriced = sorted({m for m in models.values() if m != LOCAL_MODEL and find_price(m, prices)[0] is None})
+    unpriced = sorted({m for m in models.values() if find_price(m, prices)[0] is None})
     if unpriced:
         raise OpenRebenchError(f"a dollar budget for the environment's models needs their prices, unknown "
                                f"for {', '.join(unpriced)}: budget tokens instead")
