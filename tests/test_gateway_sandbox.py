@@ -357,6 +357,11 @@ def test_env_model_on_the_cli_reaches_the_grant_and_the_usage_reaches_the_log(
     assert all(r["details"]["models"]["total"]["requests"] == 1 for r in score.metadata["score_log"])
     # The agent's own model usage (none: the oracle) is Inspect's; the gateway's is not mixed into it.
     assert not any(k.startswith("mockllm/cli") for k in sample.model_usage)
+    # It is in the log as role usage of its own, in the sample and the eval alike.
+    judged = sample.role_usage["gateway/judge"]
+    assert judged.input_tokens == used["roles"]["judge"]["prompt_tokens"] > 0
+    assert judged.total_tokens == used["roles"]["judge"]["tokens"]
+    assert read_eval_log(info).stats.role_usage["gateway/judge"].total_tokens == judged.total_tokens
 
 
 # -- the forwarder's exec mode -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelUsage
 from inspect_ai.scorer import Score, Scorer, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
@@ -36,6 +37,32 @@ from ._sandbox import SandboxConfig, run_sandbox
 from .agents import agent_names, get_agent
 from .backends import isolations
 
+GATEWAY_ROLE_PREFIX = "gateway/"
+
+
+def record_role_usage(usage: dict[str, Any]) -> None:
+    """Count the gateway's use of the environment's models in the Inspect log as role usage
+    (`gateway/<role>`, the sample's and the eval's `role_usage`), where `inspect view` shows it, and not
+    as the agent's model usage, which token and cost limits count: the agent did not spend it."""
+    try:  # Inspect has no public call for usage that no Model object made
+        from inspect_ai.model._model import (
+            role_usage_context_var,
+            sample_role_usage_context_var,
+            set_model_usage,
+        )
+    except ImportError:  # pragma: no cover - a later Inspect may move them; the score metadata keeps it
+        return
+    for role, totals in (usage.get("roles") or {}).items():
+        if not isinstance(totals, dict) or not totals.get("requests"):
+            continue
+        prompt, completion = int(totals.get("prompt_tokens") or 0), int(totals.get("completion_tokens") or 0)
+        for target in (sample_role_usage_context_var.get(None), role_usage_context_var.get(None)):
+            set_model_usage(f"{GATEWAY_ROLE_PREFIX}{role}",
+                            ModelUsage(input_tokens=prompt, output_tokens=completion,
+                                       total_tokens=prompt + completion,
+                                       total_cost=float(totals.get("cost_usd") or 0.0)),
+                            target)
+
 
 @scorer(metrics=[mean(), stderr()])
 def run_score() -> Scorer:
@@ -53,6 +80,7 @@ def run_score() -> Scorer:
                     "score_log": [r.model_dump(mode="json") for r in rows], "log_warnings": warnings}
         if (usage := model_usage(run)) is not None:
             metadata["gateway_usage"] = usage  # the environment's models, apart from the agent's
+            record_role_usage(usage)
         return Score(value=normalised, answer=None if raw is None else f"{raw:.6g}",
                      explanation=row.message if row else "no valid score", metadata=metadata)
 
