@@ -371,7 +371,9 @@ def test_every_request_is_a_row_and_the_totals_survive_a_restart(tmp_path: Path,
 
     second = Gateway(tmp_path / "gw.sock")  # a restarted gateway: the same run granted again
     with second.start_in_thread():
-        grant = second.grant(roles=roles, usage_path=usage, budget=Budget(tokens=20))
+        grant = second.grant(roles=roles, usage_path=usage, budget=Budget(tokens=20), run_id="run-7")
+        # Another id writing to the same log spends apart: a budget counts its own grant's rows.
+        assert second.grant(roles=roles, usage_path=usage, run_id="run-7/scoring").totals().requests == 0
         t = grant.totals()
         assert (t.prompt_tokens, t.completion_tokens, t.requests, t.failures) == (13, 6, 3, 1)
         assert t.cost_usd == pytest.approx(0.02 + 0.005) and t.priced

@@ -270,19 +270,23 @@ def test_without_isolation_commands_reach_the_model_on_a_free_port_of_the_host(o
 # -- the scorer ---------------------------------------------------------------------------------------
 
 @needs_bwrap
-def test_the_scorer_calls_the_runs_model_through_the_scoring_hook_on_the_same_budget(open_box: Any) -> None:
-    box = open_box(model_budget_tokens=100_000)
+def test_the_scorer_calls_the_runs_model_on_a_budget_the_agent_cannot_spend(open_box: Any) -> None:
+    box = open_box(model_budget_tokens=1)  # the agent's first request spends it all
     assert box.python(ASK + "print(json.dumps(ask()))")[0] == 200
+    assert box.python(ASK + "print(json.dumps(ask()))")[0] == 429
     (box.run.workspace / "answer.txt").write_text("55\n")
     (box.run.workspace / "ask_judge").write_text("")
-    row = box.loop.run_until_complete(box.sandbox.score())
-    assert row.raw == 1.0 and "Default output from mockllm/model" in row.message, row
+    for _ in range(2):  # each scoring has a budget of its own (here the run's limits, afresh)
+        row = box.loop.run_until_complete(box.sandbox.score())
+        assert row.raw == 1.0 and "Default output from mockllm/model" in row.message, row
     used = row.details["models"]
     assert used["total"]["requests"] == 1 and set(used["phases"]) == {"scoring"}
     assert used["roles"]["judge"]["prompt_tokens"] > 0
     rows = box.rows()
-    assert [r["phase"] for r in rows] == ["agent", "scoring"]
-    assert rows[1]["grant"].endswith("/scoring-0")
+    assert [(r["phase"], r["status"]) for r in rows] == [("agent", 200), ("agent", 429), ("scoring", 200),
+                                                         ("scoring", 200)]
+    assert rows[2]["grant"] != rows[3]["grant"] and rows[2]["grant"].startswith(f"{box.run.path.name}/scoring-")
+    assert json.loads((box.run.path / "gateway" / "grant.json").read_text())["scoring_budget"]["tokens"] == 1
     # The scoring's token is revoked; the agent's alone is live.
     assert list(model_service()._live) == [box.sandbox.models.agent_grant.token]
 

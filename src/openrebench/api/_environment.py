@@ -108,7 +108,10 @@ class TierSpec(BaseModel, Generic[P]):
         "The models the environment's code calls, by role (`judge`, `task_model`), each with the tier's "
         "default model. A run is granted these roles and no others."))
     model_budget: ModelBudget | None = Field(default=None, description=(
-        "The default budget of a run's calls to those models (None: unlimited)."))
+        "The default budget of the agent's calls to those models over its attempt (None: unlimited)."))
+    scoring_model_budget: ModelBudget | None = Field(default=None, description=(
+        "The budget of each scoring's calls, apart from the agent's, so that the agent's spending cannot "
+        "leave a scoring without models (None: each scoring gets the limits of the run's budget)."))
 
     @model_validator(mode="after")
     def _role_names(self) -> Self:
@@ -116,7 +119,7 @@ class TierSpec(BaseModel, Generic[P]):
             if not role.isidentifier() or role.startswith("_") or role in RESERVED_ROLE_NAMES:
                 raise ValueError(f"model role {role!r}: a role is a Python identifier, not starting with "
                                  f"'_' and none of {', '.join(sorted(RESERVED_ROLE_NAMES))}")
-        if self.model_budget is not None and not self.models:
+        if (self.model_budget is not None or self.scoring_model_budget is not None) and not self.models:
             raise ValueError("a model budget needs models (declare them in models=)")
         return self
 

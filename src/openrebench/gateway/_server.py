@@ -84,13 +84,15 @@ class Grant:
         self.slots = asyncio.Semaphore(self.concurrency)
 
     def totals(self) -> Totals:
-        return self.usage.totals()
+        """What this grant's budget has spent: the rows of its id (a grant again for the same id, after
+        a restart, goes on counting them)."""
+        return self.usage.totals(self.run_id)
 
     def available(self, price: Mapping[str, float] | None) -> int | None:
         """Completion tokens the budget still has room for, after what is spent and what the requests in
         flight hold (None: no limit). A request's own prompt is not taken off: the budget may be
         overshot by one prompt (at most `max_body` bytes), as a request is let through until it is spent."""
-        t, (held_tokens, held_usd) = self.totals(), self.usage.held()
+        t, (held_tokens, held_usd) = self.totals(), self.usage.held(self.run_id)
         room: int | None = None
         if self.budget.tokens is not None:
             room = self.budget.tokens - t.tokens - held_tokens
@@ -112,11 +114,12 @@ class Grant:
     def exhausted(self) -> str | None:
         """Which budget is spent, in words, or None."""
         t = self.totals()
+        who = "this scoring" if self.phase == "scoring" else "the run"
         if self.budget.usd is not None and t.cost_usd >= self.budget.usd:
-            return (f"budget exceeded: the run has spent ${t.cost_usd:.4f} of its ${self.budget.usd:.4f} "
+            return (f"budget exceeded: {who} has spent ${t.cost_usd:.4f} of its ${self.budget.usd:.4f} "
                     "dollar budget")
         if self.budget.tokens is not None and t.tokens >= self.budget.tokens:
-            return (f"budget exceeded: the run has used {t.tokens:,} of its {self.budget.tokens:,} "
+            return (f"budget exceeded: {who} has used {t.tokens:,} of its {self.budget.tokens:,} "
                     "token budget")
         return None
 
@@ -189,9 +192,9 @@ class Gateway:
               budget: Budget | None = None, run_id: str | None = None,
               concurrency: int | None = None, phase: str | None = None) -> Grant:
         """Let the holder of `token` (a new random one if None) use `roles` within `budget`, logging to
-        `usage_path`. Grants sharing a usage file share its totals, so a run granted again (after a
-        restart, or with a new token) keeps counting what it spent, and a run's grants for different
-        phases (its agent, its scorings) draw on one budget, each row naming its `phase`."""
+        `usage_path`. The budget counts the rows of `run_id` in that file, so a run granted again with
+        the same id (after a restart, or with a new token) keeps counting what it spent, while grants of
+        other ids writing to the same file (a run's agent, each of its scorings) spend apart."""
         if not roles:
             raise OpenRebenchError("a grant needs at least one role")
         budget = budget or Budget()
@@ -476,12 +479,12 @@ class _Call:
         tokens = prompt + completion
         usd = (prompt * price.get("input", 0.0) + completion * price.get("output", 0.0)) / 1e6
         self._held = (tokens, usd)
-        grant.usage.hold(tokens, usd)
+        grant.usage.hold(tokens, usd, grant.run_id)
         self.started = True
 
     def release(self) -> None:
         if self._held is not None and self.grant is not None:
-            self.grant.usage.hold(-self._held[0], -self._held[1])
+            self.grant.usage.hold(-self._held[0], -self._held[1], self.grant.run_id)
             self._held = None
 
     def charge(self) -> dict[str, int]:

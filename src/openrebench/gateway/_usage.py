@@ -1,7 +1,8 @@
 """The usage log: one JSON line per request the gateway answered, in the run's directory.
 
 The log is the budget's memory: a gateway started again on the same file counts what was spent before
-it. A line torn by a crash is skipped on reading (and the next row starts on a line of its own), never
+it. Each grant's budget counts only its own rows (those naming its `grant` id), so a run's agent and
+each of its scorings spend apart, in one file. A line torn by a crash is skipped on reading (and the next row starts on a line of its own), never
 fatal: losing one request's tokens is better than refusing a run its log.
 """
 
@@ -61,7 +62,9 @@ class UsageLog:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._totals = Totals()
-        self._held = (0, 0.0)  # tokens and dollars the requests in flight hold (not in the file)
+        self._by_grant: dict[str | None, Totals] = {}
+        # tokens and dollars the requests in flight hold (not in the file yet), by grant id
+        self._held: dict[str | None, tuple[int, float]] = {}
         self._skipped = 0
         needs_newline = False
         if self.path.exists():
@@ -72,7 +75,7 @@ class UsageLog:
                     row = json.loads(line)
                     if not isinstance(row, dict):
                         raise ValueError("not an object")
-                    self._totals = self._totals.add(row)
+                    self._count(row)
                 except (ValueError, TypeError, UnicodeDecodeError):
                     self._skipped += 1
             if self._skipped:
@@ -80,6 +83,11 @@ class UsageLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if needs_newline:  # a torn last line: the next row must not be glued to it
             self._append(b"\n")
+
+    def _count(self, row: Mapping[str, Any]) -> None:
+        self._totals = self._totals.add(row)
+        key = row.get("grant") if isinstance(row.get("grant"), str) else None
+        self._by_grant[key] = self._by_grant.get(key, Totals()).add(row)
 
     def _append(self, data: bytes) -> None:
         # Opened per row (about 20 µs): no descriptor to outlive a revoked grant or a closed gateway.
@@ -108,21 +116,23 @@ class UsageLog:
         line = (json.dumps(row) + "\n").encode()
         with self._lock:
             self._append(line)
-            self._totals = self._totals.add(row)
+            self._count(row)
         return row
 
-    def totals(self) -> Totals:
+    def totals(self, grant: str | None = None) -> Totals:
+        """The whole file's totals, or one grant id's (a budget's)."""
         with self._lock:
-            return self._totals
+            return self._totals if grant is None else self._by_grant.get(grant, Totals())
 
-    def hold(self, tokens: int, usd: float) -> None:
-        """Count (negative: release) what a request in flight may spend, for the grants sharing the log."""
+    def hold(self, tokens: int, usd: float, grant: str | None = None) -> None:
+        """Count (negative: release) what a request of `grant` in flight may spend."""
         with self._lock:
-            self._held = (self._held[0] + tokens, self._held[1] + usd)
+            tokens0, usd0 = self._held.get(grant, (0, 0.0))
+            self._held[grant] = (tokens0 + tokens, usd0 + usd)
 
-    def held(self) -> tuple[int, float]:
+    def held(self, grant: str | None = None) -> tuple[int, float]:
         with self._lock:
-            return self._held
+            return self._held.get(grant, (0, 0.0))
 
     def rows(self) -> list[dict[str, Any]]:
         """Every readable row of the file, oldest first."""

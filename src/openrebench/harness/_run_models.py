@@ -5,14 +5,16 @@ The tier names each role's default model and the default budget; task arguments 
 (`-T judge=openai/gpt-4o`, `-T model_budget_usd=2`). What the run was given is written to
 `<run>/gateway/grant.json` (never the token), beside the usage log the gateway writes,
 `<run>/gateway/usage.jsonl`: one row per request, each naming its role and its phase (`agent` or
-`scoring`). The agent and the scorer draw on one budget, since their grants share that log.
+`scoring`). The agent's attempt and each scoring have budgets of their own (the gateway counts each
+grant's rows apart): the agent's spending cannot leave the scorer without models, nor one scoring the
+next. A scoring's budget is the tier's `scoring_model_budget`, or the run's limits where it has none.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
+import secrets
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -93,9 +95,9 @@ class RunModels:
     models: dict[str, str]
     budget: Budget
     descriptions: dict[str, str] = field(default_factory=dict)
+    scoring_budget: Budget | None = None  # each scoring's (None: the limits of `budget`)
     service: ModelService = field(default_factory=model_service)
     agent_grant: Grant | None = None
-    _scorings: Iterator[int] = field(default_factory=itertools.count)
 
     @classmethod
     def for_tier(cls, env: Environment, tier: str, overrides: Mapping[str, str] | None = None,
@@ -105,7 +107,9 @@ class RunModels:
         if not spec.models:
             return None
         models, budget = resolve_models(env, tier, overrides), resolve_budget(env, tier, usd, tokens)
-        return cls(models, budget, {role: r.description for role, r in spec.models.items()})
+        per_scoring = spec.scoring_model_budget
+        return cls(models, budget, {role: r.description for role, r in spec.models.items()},
+                   None if per_scoring is None else Budget(usd=per_scoring.usd, tokens=per_scoring.tokens))
 
     @classmethod
     def of_run(cls, run: Run) -> RunModels | None:
@@ -123,7 +127,7 @@ class RunModels:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise OpenRebenchError(f"{path} cannot be read ({type(e).__name__}): remove it to use the "
                                    "tier's default models") from None
-        return cls(models, budget, found.descriptions)
+        return cls(models, budget, found.descriptions, found.scoring_budget)
 
     def _record(self, run: Run) -> None:
         path = run.path / GRANT_FILE
@@ -131,8 +135,10 @@ class RunModels:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         served = {role: self.service.backend(spec)[1] for role, spec in self.models.items()}
+        scoring = self.scoring_budget or self.budget
         record = {"models": self.models, "served_as": served, "descriptions": self.descriptions,
-                  "budget": {"usd": self.budget.usd, "tokens": self.budget.tokens}}
+                  "budget": {"usd": self.budget.usd, "tokens": self.budget.tokens},
+                  "scoring_budget": {"usd": scoring.usd, "tokens": scoring.tokens}}
         path.write_text(json.dumps(record, indent=1) + "\n")
 
     def agent(self, run: Run) -> Grant:
@@ -152,8 +158,10 @@ class RunModels:
         """A grant for one scoring, revoked after it: the scoring sandbox sees the gateway's socket
         folder, and the scorer starts through `gateway-forward --exec` (the forwarder's file in the
         package, run by the scorer's Python)."""
-        run_id = f"{run.path.name}/{SCORING}-{next(self._scorings)}"
-        grant = self.service.grant(run.path, self.models, self.budget, phase=SCORING, run_id=run_id)
+        # A new id for every scoring (of this process or any other on the run): a fresh budget.
+        run_id = f"{run.path.name}/{SCORING}-{secrets.token_hex(4)}"
+        grant = self.service.grant(run.path, self.models, self.scoring_budget or self.budget, phase=SCORING,
+                                   run_id=run_id)
         self._record(run)
         log = run.path / USAGE_LOG
         start = log.stat().st_size if log.exists() else 0
