@@ -285,7 +285,8 @@ def test_the_scorer_calls_the_runs_model_on_a_budget_the_agent_cannot_spend(open
     rows = box.rows()
     assert [(r["phase"], r["status"]) for r in rows] == [("agent", 200), ("agent", 429), ("scoring", 200),
                                                          ("scoring", 200)]
-    assert rows[2]["grant"] != rows[3]["grant"] and rows[2]["grant"].startswith(f"{box.run.path.name}/scoring-")
+    assert rows[2]["grant"] != rows[3]["grant"]
+    assert rows[2]["grant"].startswith(f"{box.run.path.name}/scoring-")
     assert json.loads((box.run.path / "gateway" / "grant.json").read_text())["scoring_budget"]["tokens"] == 1
     # The scoring's token is revoked; the agent's alone is live.
     assert list(model_service()._live) == [box.sandbox.models.agent_grant.token]
