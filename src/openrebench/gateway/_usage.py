@@ -3,8 +3,8 @@
 The log is the budget's memory: a gateway started again on the same file counts what was spent before
 it. Each grant's budget counts only its own rows (those naming its `grant` id), so a run's agent and
 each of its scorings spend apart, in one file. A line torn by a crash is skipped on reading (and the
-next row starts on a line of its own), never
-fatal: losing one request's tokens is better than refusing a run its log.
+next row starts on a line of its own), never fatal: losing one request's tokens is better than
+refusing a run its log.
 """
 
 from __future__ import annotations
