@@ -267,6 +267,14 @@ class Environment(ABC, Generic[P]):
         raise OpenRebenchError(f"{self.id} ships no built data (it does not implement "
                                "Environment.build_shipped)")
 
+    def host_tools(self, tier: str) -> list[Path]:  # an optional hook
+        """Folders of host toolchains the environment's code runs besides Python (a compiler's sysroot):
+        bound read-only at their own paths into the agent's and the scorer's sandboxes, each one's
+        `bin/` put first on their PATH. Called in the harness process when a sandbox is made; raises
+        OpenRebenchError naming what to install where a tool is missing. Most environments need none."""
+        self.tier(tier)
+        return []
+
     def files(self, tier: str, cache_dir: Path) -> RunFiles:
         """The tier's files: where its workspace, protected and reference files come from and go.
 

@@ -69,6 +69,9 @@ class SandboxSpec:
     # Make the environment plug-ins installed outside the Python installation importable (read-only,
     # under PLUGIN_ROOT, named in PYTHONPATH): for the scorer's sandbox, which imports environments.
     plugins: bool = False
+    # Host toolchain folders (a compiler's sysroot) bound read-only at their own paths, each one's bin/
+    # put first on PATH: what an environment's code runs besides Python (`Environment.host_tools`).
+    tools: Sequence[str] = ()
 
 
 @functools.cache
@@ -286,6 +289,11 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
         if any(hidden.startswith(r + "/") for r in ro_roots):
             args += ["--tmpfs", hidden]
     env = dict(spec.env)
+    for tool in spec.tools:
+        if not any(tool == r or tool.startswith(r + "/") for r in ("/usr", *ro_roots)):
+            args += [*_traversable_parents(tool), "--ro-bind", tool, tool]
+        if os.path.isdir(f"{tool}/bin"):
+            env["PATH"] = ":".join([f"{tool}/bin", *filter(None, [env.get("PATH")])])
     if spec.plugins:
         mounts, entries = plugin_mounts(ro_roots)
         args += mounts

@@ -242,8 +242,8 @@ RUN_CGROUP_ENV = "OPENREBENCH_RUN_CGROUP"
 
 
 def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], cgroup: Cgroup | None,
-                       run_group: Cgroup | None = None, access: ScoringAccess | None = None
-                       ) -> tuple[list[str], dict[str, str]]:
+                       run_group: Cgroup | None = None, access: ScoringAccess | None = None,
+                       tools: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     """The scorer inside a fresh bubblewrap sandbox: the snapshot and `protected/` (read-only) are
     all it sees of the run. As root, the scorer keeps root (it must read `protected/`, which is
     root-only) and starts the solution's code as an unprivileged uid that can read neither.
@@ -270,7 +270,7 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
         binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
                Bind(protected, f"{SCORE_DIR}/protected"), *group_binds, *access.binds],
         cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False, plugins=True,
-        limits=Limits(max_processes=None if cgroup else 4096))
+        limits=Limits(max_processes=None if cgroup else 4096), tools=tools)
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
     # shipping openrebench/ or torch/ would replace the scorer's own modules.
     cmd = bwrap_command([*access.prefix, sys.executable, "-P", "-m", "openrebench.runs._scorer_main"], spec)
@@ -293,7 +293,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
         if cgroup is not None:
             with contextlib.suppress(OSError):
                 run_group = cgroup.child("run")
-        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group, access)
+        tools = [str(t) for t in get_environment(env_id).host_tools(tier)]
+        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group, access, tools)
         env = None
     else:
         prefix = access.prefix if access else ()

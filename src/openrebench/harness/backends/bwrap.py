@@ -74,9 +74,11 @@ class BwrapBackend(Backend):
                                max_memory_bytes=memory)
         if a.models is not None:
             base_env.update(a.models.env())
+        env_class = get_environment(a.run.info.env_id)
         return SandboxSpec(binds=binds, cwd=work, env={**base_env, **(env or {})}, network=a.network,
                            devices=a.lease.device_nodes() if a.lease else (),
-                           limits=limits, new_session=not interactive)
+                           limits=limits, new_session=not interactive,
+                           tools=[str(t) for t in env_class.host_tools(a.run.info.tier)])
 
     def command(self, cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
                 interactive: bool = False) -> Launch:
