@@ -1,0 +1,194 @@
+"""The rust_codecontests scorer: the agent's scaffold answers the held-out problems, the scorer judges.
+
+Two phases, never overlapping. First the scaffold runs in the solution host (an unprivileged process
+whose only way out is the model gateway, on this scoring's own budget) over the held-out problems in
+batches, each cut off at its time; it is given what a contestant sees of a problem (description, public
+tests, limits) and never the hidden tests. Then the host is gone and the scorer compiles each answer
+with rustc (edition 2018) and runs it on the problem's public, private and generated tests, each
+program and each compile as an unprivileged uid with CPU, memory, process, file-size and output limits,
+in a folder of its own: neither can read the held-out file (root-only), and no test's expected output
+is ever in a file or a process they can reach. A problem is solved when its program passes every test
+(stdout compared after trimming whitespace at both ends).
+
+The agent is told counts only: its scaffold saw held-out problems, so nothing it raised or printed
+while answering them (which could quote them) reaches the message; `evaluate.py` on the validation
+split is where it debugs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
+
+from . import rust_utils
+from .params import RustCodecontestsParams
+from .problems import public_view, read_jsonl
+
+HOST = "openrebench.environments.rust_codecontests._host"
+TEST_FILE = "test.jsonl"
+SANDBOX_UID = 65534
+
+
+def _program_prefix() -> list[str]:
+    """In the scoring sandbox the scorer is root (to read protected/): rustc and the programs must not be
+    (a program could `include_str!` the held-out file at compile time, or read it when run)."""
+    if os.environ.get("OPENREBENCH_SOLUTION_DROP") and os.geteuid() == 0:
+        from openrebench.isolation._bwrap import drop_privileges_prefix
+
+        return drop_privileges_prefix()
+    return []
+
+
+def grace_s(batch_timeout_s: float) -> float:
+    """Beyond a batch's time, for the host to cut its tasks off and answer: a host silent after this has
+    hung (blocking code in the event loop), and its batch counts as unanswered."""
+    return 5.0 + 0.1 * batch_timeout_s
+
+
+def _start_host(solution: Path, params: RustCodecontestsParams) -> SolutionProcess | str:
+    host = SolutionProcess(HOST, solution)
+    try:
+        host.receive(params.import_timeout_s, "importing solve_code_contests_rust.py")
+    except SolutionError as e:
+        host.close()
+        return str(e)
+    return host
+
+
+def _checked(reply: Any, n: int) -> list[dict[str, Any]]:
+    """The host's answers for a batch of `n`, trusting nothing of their shape."""
+    results = reply.get("results") if isinstance(reply, dict) else None
+    if not isinstance(results, list) or len(results) != n:
+        return [{"status": "host_failed"}] * n
+    out = []
+    for r in results:
+        if isinstance(r, dict) and r.get("status") == "answered" and isinstance(r.get("source"), str):
+            # (a str may hold lone surrogates, which no file can: rustc then sees U+FFFD, a compile error)
+            out.append({"status": "answered", "source": r["source"].encode("utf-8", "replace").decode()})
+        elif isinstance(r, dict) and r.get("status") in ("timeout", "raised", "not_a_string"):
+            out.append({"status": r["status"]})
+        else:
+            out.append({"status": "host_failed"})
+    return out
+
+
+def _end_solution_processes() -> None:
+    """Kill whatever the scaffold left running (a process in a session of its own outlives the host's
+    process group), so that nothing of it lives while the programs are judged: every process of the
+    solution uid. Only inside the scoring sandbox, whose PID namespace holds nothing else of that uid
+    (outside it, the same uid runs the agent's commands)."""
+    try:
+        in_sandbox = Path("/proc/1/comm").read_text().strip() == "bwrap"
+    except OSError:
+        in_sandbox = False
+    prefix = _program_prefix()
+    if not (prefix and in_sandbox):
+        return
+    subprocess.run([*prefix, sys.executable, "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
+                   stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
+
+
+def generate_answers(params: RustCodecontestsParams, solution: Path, problems: list[dict[str, Any]]
+                     ) -> list[dict[str, Any]] | str:
+    """The scaffold's answer to every problem, batch by batch; a one-line reason where the module cannot
+    be loaded at all. A batch whose host hangs or dies counts as unanswered, and the next batch gets a
+    fresh host."""
+    host = _start_host(solution, params)
+    if isinstance(host, str):
+        return host
+    answers: list[dict[str, Any]] = []
+    try:
+        for start in range(0, len(problems), params.batch_size):
+            batch = problems[start:start + params.batch_size]
+            if host is None:
+                started = _start_host(solution, params)
+                if isinstance(started, str):  # it loaded before: the batch failed, not loading
+                    answers += [{"status": "host_failed"}] * len(batch)
+                    continue
+                host = started
+            request = {"problems": [public_view(p) for p in batch], "timeout_s": params.batch_timeout_s,
+                       "concurrency": params.concurrency}
+            try:
+                wait = params.batch_timeout_s + grace_s(params.batch_timeout_s)
+                reply = host.request(request, wait, "a batch")
+            except SolutionError:  # hung or died: its output may quote the problems, so none of it is kept
+                host.close()
+                host = None
+                answers += [{"status": "host_failed"}] * len(batch)
+                continue
+            answers += _checked(reply, len(batch))
+    finally:
+        if host is not None:
+            host.close()
+        _end_solution_processes()
+    return answers
+
+
+async def _judge(source: str, problem: dict[str, Any], params: RustCodecontestsParams, prefix: list[str],
+                 slots: asyncio.Semaphore) -> str:
+    async with slots:
+        workdir = Path(tempfile.mkdtemp(prefix="rcc-"))
+        try:
+            if prefix:
+                os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+            result = await rust_utils.evaluate_program(
+                source, rust_utils.problem_tests(problem), workdir=workdir,
+                time_limit_s=float(problem["time_limit_s"]), memory_bytes=int(problem["memory_limit_bytes"]),
+                compile_timeout_s=params.compile_timeout_s, prefix=prefix)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if not result.compiled:
+        return "compile_error"
+    return "solved" if result.solved else (result.failure_status or "wrong_answer")
+
+
+async def judge_all(answers: list[dict[str, Any]], problems: list[dict[str, Any]],
+                    params: RustCodecontestsParams) -> list[str]:
+    prefix = _program_prefix()
+    slots = asyncio.Semaphore(params.test_workers)
+
+    async def one(answer: dict[str, Any], problem: dict[str, Any]) -> str:
+        if answer["status"] != "answered":
+            return answer["status"]
+        return await _judge(answer["source"], problem, params, prefix, slots)
+
+    return list(await asyncio.gather(*(one(a, p) for a, p in zip(answers, problems, strict=True))))
+
+
+def score(spec: TierSpec[RustCodecontestsParams], solution: Path, protected: Path) -> ScoreResult:
+    params = spec.params
+    if rust_utils.find_rustc() is None:
+        return ScoreResult.invalid("Invalid: infrastructure failure (the scorer found no rustc: install Rust "
+                                   "on the host), not caused by your solution.", infrastructure=True)
+    problems = read_jsonl(protected / TEST_FILE)
+    t0 = time.monotonic()
+    answers = generate_answers(params, solution, problems)
+    if isinstance(answers, str):
+        return ScoreResult.invalid(f"Invalid: {answers}")
+    t1 = time.monotonic()
+    outcomes = asyncio.run(judge_all(answers, problems, params))
+    t2 = time.monotonic()
+    n, solved = len(problems), outcomes.count("solved")
+    p = solved / n
+    se = math.sqrt(p * (1 - p) / n)
+    counts = Counter(outcomes)
+    shown = ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in sorted(counts) if k != "solved")
+    message = (f"Valid: {solved} of {n} held-out problems solved ({p:.3f}, standard error {se:.3f})"
+               + (f"; the others: {shown}" if shown else "")
+               + ". What the scaffold raised or printed on held-out problems is not shown: debug with "
+               "evaluate.py on the validation problems.")
+    return ScoreResult(raw=p, message=message, details={
+        "n_successes": solved, "n_problems": n, "standard_error": se, "outcomes": dict(counts),
+        "by_problem": {str(pr.get("name")): o for pr, o in zip(problems, outcomes, strict=True)},
+        "generate_s": round(t1 - t0, 2), "judge_s": round(t2 - t1, 2)})
