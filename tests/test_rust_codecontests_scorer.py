@@ -8,13 +8,11 @@ Small on purpose (two shared cores): batches of 3 cut off at 3 s, a handful of c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import textwrap
@@ -29,6 +27,7 @@ from openrebench.api import ScoreResult, TierSpec
 from openrebench.environments.rust_codecontests import problems, rust_utils, scorer
 from openrebench.environments.rust_codecontests.env import RustCodecontests
 from openrebench.environments.rust_codecontests.params import RustCodecontestsParams
+from openrebench.isolation import bwrap_usable
 
 pytestmark = pytest.mark.skipif(rust_utils.find_rustc() is None, reason="needs rustc")
 
@@ -122,6 +121,7 @@ MIXED_SCAFFOLD = textwrap.dedent("""
     import time
 
     PROGRAMS = @PROGRAMS@
+    PLAIN = @PLAIN@
     SAID = @SAID@
     RAISED = @RAISED@
     print(SAID, "at import", flush=True)
@@ -537,12 +537,8 @@ def test_no_rustc_is_an_infrastructure_failure(tmp_path: Path, monkeypatch: pyte
     assert not imported.exists()
 
 
-# ------------------------------------------------------------------------ bugs found (xfail)
+# ------------------------------------------------------------------------ odd answers, the whole pipeline
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-    "bug: an answer holding a lone surrogate (a str the scaffold may return, and that survives the host's "
-    "JSON) makes compile_rust's f.write(source) raise UnicodeEncodeError, which escapes judge_all and "
-    "score(): the whole scoring becomes an internal error instead of one answer's verdict"))
 def test_an_answer_that_is_not_valid_unicode_is_judged_not_a_crash(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _model_env(monkeypatch)
@@ -557,59 +553,75 @@ def test_an_answer_that_is_not_valid_unicode_is_judged_not_a_crash(tmp_path: Pat
 
 
 LINGERS = textwrap.dedent("""
-    import os
-    import time
+    import subprocess
+    from pathlib import Path
 
-    REPORTS = @REPORTS@
-    if os.fork() == 0:  # a daemon: its own session, out of the host's process group
-        os.setsid()
-        if os.fork() == 0:
-            with open(os.path.join(REPORTS, "daemon.pid"), "w") as f:
-                f.write(str(os.getpid()))
-            end = time.monotonic() + 30
-            while time.monotonic() < end:
-                for entry in os.listdir("/proc"):
-                    try:
-                        with open(f"/proc/{entry}/cmdline", "rb") as f:
-                            argv0 = f.read().split(b"\\0")[0].decode()
-                    except (OSError, ValueError):
-                        continue
-                    if "/rcc-" in argv0 and argv0.endswith("/main"):
-                        with open(os.path.join(REPORTS, "saw-a-judged-program"), "w") as f:
-                            f.write(argv0)
-                        os._exit(0)
-                time.sleep(0.02)
-        os._exit(0)
-    PROGRAM = @PROGRAM@
+    import rust_codecontests_utils as rcu
+
+    PROGRAMS = @PROGRAMS@
+    PLAIN = @PLAIN@
 
 
     async def generate_solution(client, semaphore, problem):
-        return PROGRAM
+        family = problem["name"].split("-")[1]
+        if family == "product":
+            # a process of its own session, out of the host's process group, and the toolchain the
+            # agent's evaluate.py uses, as the scorer's uid sees it in the sandbox
+            subprocess.Popen(["python3", "-c", "import time; time.sleep(300)", "rcc-lingering-scaffold"],
+                             start_new_session=True)
+            result = await rcu.evaluate_problem(PLAIN, problem, workdir=Path("/tmp/rcc-stub"),
+                                                include_hidden=False)
+            if not result.solved:
+                return "rustc in the sandbox: " + result.summary()
+            try:
+                open("/score/protected/test.jsonl").read()
+                return "read the held-out file"
+            except PermissionError:
+                pass
+        return PROGRAMS[family]
 """)
 
+# Each prints the right answer only when it finds what it looks for in /proc: `square` the scorer
+# itself (so the scan sees the other processes of the sandbox), `product` no process of the scaffold.
+SCAN = ("use std::io::Read;\n"
+        "fn seen(marker: &str) -> bool {\n"
+        "    std::fs::read_dir(\"/proc\").unwrap().filter_map(|e| e.ok()).any(|e| {\n"
+        "        std::fs::read(e.path().join(\"cmdline\"))\n"
+        "            .map(|c| String::from_utf8_lossy(&c).contains(marker)).unwrap_or(false)\n"
+        "    })\n"
+        "}\n"
+        "fn main() {\n"
+        "    let mut s = String::new();\n"
+        "    std::io::stdin().read_to_string(&mut s).unwrap();\n"
+        "    let v: Vec<i64> = s.split_whitespace().map(|w| w.parse().unwrap()).collect();\n"
+        "    let ok = WANT;\n"
+        "    println!(\"{}\", if ok { SQUARE } else { -1 });\n"
+        "}\n")
 
-@needs_root
-@pytest.mark.usefixtures("dropping")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: the scorer's phases overlap: SolutionProcess.close() kills the host's process group only, so a "
-    "process the scaffold started in a session of its own (uid 65534, with the host's environment) lives "
-    "on through the judge phase and sees the judged programs (which may reach it over loopback)"))
-def test_nothing_of_the_scaffold_outlives_the_generate_phase() -> None:
-    reports, solution = _open_dir(0o1777), _open_dir()
-    problem = copy.deepcopy(TEST["product"])
-    problem["private_tests"] = problem["generated_tests"] = {"input": [], "output": []}
-    protected = Path(tempfile.mkdtemp(prefix="rcc-scorer-protected-"))
-    slow = "fn main() {\n    std::thread::sleep(std::time::Duration::from_millis(400));\n}\n"
-    try:
-        _solution(solution, LINGERS.replace("@REPORTS@", repr(str(reports))).replace("@PROGRAM@", repr(slow)))
-        result = scorer.score(SPEC, solution, _protected(protected, [problem]))
-        assert result.details.get("by_problem") == {problem["name"]: "wrong_answer"}, result.message
-        assert (reports / "daemon.pid").exists()  # the daemon did start
-        assert not (reports / "saw-a-judged-program").exists()
-    finally:
-        pid_file = reports / "daemon.pid"
-        if pid_file.exists():  # the daemon this test's scaffold started, by its id
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        for d in (reports, solution, protected):
-            shutil.rmtree(d, ignore_errors=True)
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or bwrap_usable() is not None, reason="needs root and bubblewrap")
+def test_in_the_scoring_sandbox_nothing_of_the_scaffold_outlives_its_phase(tmp_path: Path) -> None:
+    """The real pipeline (a run, the sandboxed scorer, the gateway's grant): the scaffold, as the sandbox's
+    uid, compiles with the bound toolchain and cannot read the held-out file; a process it left in a
+    session of its own is gone before the programs are judged, which the programs check in /proc."""
+    from openrebench.harness import RunModels
+    from openrebench.runs import get_environment, score_run, start_run
+    from openrebench.runs._scoring import _record_protected
+
+    env = get_environment("rust_codecontests")
+    run, _ = start_run(env, "mini", tmp_path / "run", score_start=False,
+                       access=RunModels.for_tier(env, "mini").scoring)
+    records = [TEST["square"], TEST["product"]]
+    (run.protected / "test.jsonl").unlink()
+    problems.write_jsonl(run.protected / "test.jsonl", records)
+    _record_protected(run)  # two problems of the 24: the set-up's record of the protected files follows
+    programs = {"square": SCAN.replace("WANT", 'seen("_scorer_main")').replace("SQUARE", "v[0] * v[0]"),
+                "product": SCAN.replace("WANT", '!seen("rcc-lingering-scaffold")')
+                               .replace("SQUARE", "v[0] * v[1]")}
+    (run.workspace / MODULE).write_text(LINGERS.replace("@PROGRAMS@", repr(programs))
+                                        .replace("@PLAIN@", repr(CORRECT["product"])))
+    row = score_run(run, timeout_s=300, access=RunModels.of_run(run).scoring)
+    assert row.details.get("sandboxed") is True, row.message
+    want = {TEST["square"]["name"]: "solved", TEST["product"]["name"]: "solved"}
+    assert row.details["by_problem"] == want, (row.message, row.details.get("by_problem"))

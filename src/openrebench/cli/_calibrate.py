@@ -15,6 +15,7 @@ from openrebench.api import show_progress
 from openrebench.runs import calibrate_environment
 
 from ._common import SHIP_HINT, TierOpt, check_writable, console, err, fmt, get_env, user_errors
+from ._runs import models_access
 
 
 @user_errors
@@ -46,7 +47,8 @@ def calibrate(
                                    highlight=False)
 
         record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
-                                       command=shlex.join(["openrebench", *sys.argv[1:]]))
+                                       command=shlex.join(["openrebench", *sys.argv[1:]]),
+                                       access=models_access(env_id, tier))
     table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
     for col in ("solution", "n", "mean", "median", "sd", "CV"):
         table.add_column(col, justify="right")

@@ -28,7 +28,7 @@ from ._common import (
 )
 
 
-def _models_access(env_id: str, tier: str) -> ScoringAccessFn | None:
+def models_access(env_id: str, tier: str) -> ScoringAccessFn | None:
     """Where the tier declares models, the scorer's way to them (the tier's defaults) through the
     harness's gateway, served by this process while it scores."""
     if not get_env(env_id).tier(tier).models:
@@ -39,7 +39,7 @@ def _models_access(env_id: str, tier: str) -> ScoringAccessFn | None:
     return models.scoring if models else None
 
 
-def _run_access(run: Run) -> ScoringAccessFn | None:
+def run_access(run: Run) -> ScoringAccessFn | None:
     """The scorer's way to the models the run was given (its gateway/grant.json), where it has any."""
     if not run.env.tier(run.info.tier).models:
         return None
@@ -62,7 +62,7 @@ def start(
     env = get_env(env_id)
     env.tier(tier)
     with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
-        run, row = start_run(env_id, tier, directory, seed=seed, access=_models_access(env_id, tier))
+        run, row = start_run(env_id, tier, directory, seed=seed, access=models_access(env_id, tier))
         assert row is not None
     console.print(Markdown(env.instructions(tier)))
     print_row(run, row)
@@ -75,7 +75,7 @@ def start(
 def score(directory: RunDir = Path(".")) -> None:
     """Score the run's current solution and append the result to its score log."""
     run = Run.open(directory)
-    print_row(run, score_with_status(run, "Scoring", access=_run_access(run)))
+    print_row(run, score_with_status(run, "Scoring", access=run_access(run)))
 
 
 @user_errors
@@ -121,14 +121,14 @@ def demo(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = (directory or Path("runs") / f"demo-{env_id}-{tier}-{stamp}").absolute()
     with err.status(f"Setting up {env_id} ({tier}) and scoring the starting solution…"), show_progress(err):
-        run, row = start_run(env_id, tier, directory, access=_models_access(env_id, tier))
+        run, row = start_run(env_id, tier, directory, access=models_access(env_id, tier))
         assert row is not None
     print_row(run, row)
     print_constants(run)
     fail_on_setup_infrastructure(run, row)
     install_reference(run)
     console.print("Reference solution put in place of the agent's.")
-    print_row(run, score_with_status(run, "Scoring the reference solution", access=_run_access(run)))
+    print_row(run, score_with_status(run, "Scoring the reference solution", access=run_access(run)))
     rows, _ = run.rows()
     console.print(log_table(run, rows))
     raw, norm = final_score(rows, env.direction, run.info.constants)

@@ -533,8 +533,10 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
 
 
 def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, command: str,
-                          on_progress: ProgressFn | None = None) -> CalibrationRecord:
-    """Score the starting and the reference solutions `repeats` times each, in throw-away runs."""
+                          on_progress: ProgressFn | None = None,
+                          access: ScoringAccessFn | None = None) -> CalibrationRecord:
+    """Score the starting and the reference solutions `repeats` times each, in throw-away runs, given
+    `access` (the tier's models, for environments that call one while scoring: see `score_run`)."""
     env = get_environment(env)
     env.tier(tier)
     with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
@@ -546,7 +548,7 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
                 if which == "reference":
                     install_reference(run)
                 runs[which] = run
-            row = score_run(runs[which], kind="calibration", charged=False)
+            row = score_run(runs[which], kind="calibration", charged=False, access=access)
             return row.raw, row.message
 
         return calibrate(env, tier, repeats, score_once=score_once, command=command, on_progress=on_progress)
