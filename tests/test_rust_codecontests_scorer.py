@@ -121,7 +121,6 @@ MIXED_SCAFFOLD = textwrap.dedent("""
     import time
 
     PROGRAMS = @PROGRAMS@
-    PLAIN = @PLAIN@
     SAID = @SAID@
     RAISED = @RAISED@
     print(SAID, "at import", flush=True)

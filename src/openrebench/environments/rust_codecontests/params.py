@@ -16,7 +16,7 @@ class RustCodecontestsParams(BaseModel):
         "for scoring, valid split for the agent."))
     problem_seed: int = Field(default=0, description="The seed of the generated (mini) problems.")
     batch_size: int = Field(gt=0, description="Problems the scaffold is given at once (paper: 20).")
-    batch_timeout_s: float = Field(gt=0, description=(
+    batch_timeout_s: int = Field(gt=0, description=(
         "Wall-clock time for one batch (paper: 60 s); a problem without an answer by then is unsolved."))
     concurrency: int = Field(gt=0, description="The value of the semaphore handed to generate_solution.")
     compile_timeout_s: float = Field(gt=0, description="The longest one rustc run may take.")
