@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOG_DIR ?= logs/demo
 
-.PHONY: demo view test lint install clean browser
+.PHONY: demo view test lint install clean browser rust
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) rust
 	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo
 	$(BIN)/openrebench eval optimize_kernel --tier mini --agent react --model local --time-limit 1m \
 		--log-dir logs/demo --runs-dir runs/demo
@@ -28,7 +28,7 @@ view: $(STAMP)
 # tests alone, so that no other test's load moves what they measure.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) browser
+test: $(STAMP) browser rust
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
@@ -41,6 +41,14 @@ browser:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			chromium >/dev/null) || echo "note: could not install chromium; the report render test will be skipped"; \
 	else echo "note: chromium not installed (needs root and apt-get); the report render test will be skipped"; fi
+
+# rust_codecontests compiles the programs it scores with the system's rustc; install Debian's where we may.
+rust:
+	@if command -v rustc >/dev/null 2>&1 || [ -n "$$RUSTC" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			rustc >/dev/null) || echo "note: could not install rustc; rust_codecontests will not run"; \
+	else echo "note: rustc not found (install Rust: apt-get install rustc, or rustup); rust_codecontests will not run"; fi
 
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
 lint: $(STAMP)

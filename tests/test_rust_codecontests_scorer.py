@@ -624,3 +624,56 @@ def test_in_the_scoring_sandbox_nothing_of_the_scaffold_outlives_its_phase(tmp_p
     assert row.details.get("sandboxed") is True, row.message
     want = {TEST["square"]["name"]: "solved", TEST["product"]["name"]: "solved"}
     assert row.details["by_problem"] == want, (row.message, row.details.get("by_problem"))
+
+
+SPENDS = textwrap.dedent("""
+    import asyncio
+
+    import openai
+
+    PROGRAM = @PROGRAM@
+    spent = asyncio.Event()
+
+
+    async def generate_solution(client, semaphore, problem):
+        ask = dict(model="task_model", messages=[{"role": "user", "content": problem["description"]}],
+                   max_tokens=5)
+        if problem["name"].split("-")[1] == "square":  # after product's scaffold found the budget spent
+            await spent.wait()
+            await client.chat.completions.create(**ask)  # raises: a 429, counted as this answer's failure
+            return "unreachable"
+        for _ in range(5):
+            try:
+                await client.chat.completions.create(**ask)
+            except openai.RateLimitError as e:
+                spent.set()
+                return PROGRAM if "budget" in str(e) else "a 429 that does not name the budget"
+        return "the budget was never spent"
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or bwrap_usable() is not None, reason="needs root and bubblewrap")
+def test_a_scaffold_that_spends_the_scorings_budget_gets_429s_and_the_scoring_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openrebench.api import ModelBudget
+    from openrebench.harness import RunModels
+    from openrebench.runs import get_environment, score_run, start_run
+    from openrebench.runs._scoring import _record_protected
+
+    env = get_environment("rust_codecontests")
+    spec = type(env).tiers["mini"]
+    monkeypatch.setitem(type(env).tiers, "mini", spec.model_copy(
+        update={"scoring_model_budget": ModelBudget(tokens=20)}))
+    models = RunModels.for_tier(env, "mini", {"task_model": "mockllm/model"})
+    assert models is not None
+    run, _ = start_run(env, "mini", tmp_path / "run", score_start=False, access=models.scoring)
+    (run.protected / "test.jsonl").unlink()
+    problems.write_jsonl(run.protected / "test.jsonl", [TEST["product"], TEST["square"]])
+    _record_protected(run)
+    (run.workspace / MODULE).write_text(SPENDS.replace("@PROGRAM@", repr(CORRECT["product"])))
+    row = score_run(run, timeout_s=300, access=models.scoring)
+    assert row.raw == 0.5, row.message
+    assert row.details["by_problem"] == {TEST["product"]["name"]: "solved", TEST["square"]["name"]: "raised"}
+    used = row.details["models"]
+    assert used["total"]["requests"] >= 2 and used["roles"]["task_model"]["prompt_tokens"] > 0
