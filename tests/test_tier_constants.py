@@ -102,3 +102,33 @@ def test_this_hardwares_record_comes_first_then_the_tiers_default() -> None:
     elsewhere = constants_for(restricted, "full", other)
     assert elsewhere.source.endswith("(no calibration for cuda:NVIDIA A100-SXM4-80GB: tier default)")
     assert elsewhere.start == restricted.tier("full").default_constants.start
+
+
+def test_a_tier_with_models_is_calibrated_per_model() -> None:
+    """rust_codecontests' score is the task model's as much as the machine's: a record made with another
+    task model is found only by runs given that model, and a run whose model has no record is told how
+    to calibrate one (its constants stay the tier's, said to be for the default model)."""
+    from datetime import UTC, datetime
+
+    from openrebench.api._calibration import CalibrationRecord, Stats
+    from openrebench.runs import detect_hardware, save_record, user_calibration_dir
+
+    env = get_environment("rust_codecontests")
+    hardware = detect_hardware()
+    other = {"task_model": "openai/gpt-4o-mini"}
+    default = constants_for(env, "mini", hardware)
+    unknown = constants_for(env, "mini", hardware, other)
+    assert (unknown.start, unknown.reference) == (default.start, default.reference)
+    assert "not with task_model=openai/gpt-4o-mini" in unknown.source
+    assert "--env-model task_model=openai/gpt-4o-mini" in unknown.source
+    record = CalibrationRecord(
+        env_id=env.id, env_version=env.version, tier="mini", hardware_key=hardware.key("cpu"),
+        hardware=hardware,
+        start=Stats.of([0.0, 0.0, 0.0]), reference=Stats.of([0.3, 0.4, 0.5]), models=other,
+        measured_at=datetime.now(UTC), command="openrebench calibrate", package_version="0")
+    path = save_record(record, user_calibration_dir(env.id))
+    assert "task-model-openai-gpt-4o-mini" in path.name
+    mine = constants_for(env, "mini", hardware, other)
+    assert (mine.start, mine.reference) == (0.0, 0.4) and "with task_model=openai/gpt-4o-mini" in mine.source
+    again = constants_for(env, "mini", hardware)  # the default model's runs do not take it
+    assert (again.start, again.reference) == (default.start, default.reference)

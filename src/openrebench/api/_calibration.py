@@ -87,12 +87,16 @@ class CalibrationRecord(BaseModel):
     start: Stats
     reference: Stats
     invalid: dict[str, int] = {}
+    # The model per role the scorings called, for tiers that declare models: their score depends on the
+    # model as much as on the hardware (a record is this machine's and these models').
+    models: dict[str, str] = {}
     measured_at: datetime
     command: str
     package_version: str
 
     def summary(self) -> str:
-        return (f"calibration on {self.hardware_key}, {self.measured_at:%Y-%m-%d}: medians of "
+        with_models = "".join(f" with {role}={model}" for role, model in sorted(self.models.items()))
+        return (f"calibration on {self.hardware_key}{with_models}, {self.measured_at:%Y-%m-%d}: medians of "
                 f"{len(self.start.values)} start / {len(self.reference.values)} reference scorings")
 
     def constants(self, origin: str) -> NormConstants:

@@ -14,8 +14,18 @@ from rich.table import Table
 from openrebench.api import show_progress
 from openrebench.runs import calibrate_environment
 
-from ._common import SHIP_HINT, TierOpt, check_writable, console, err, fmt, get_env, user_errors
-from ._runs import models_access
+from ._common import (
+    SHIP_HINT,
+    TierOpt,
+    check_writable,
+    console,
+    err,
+    fmt,
+    get_env,
+    models_access,
+    parse_env_models,
+    user_errors,
+)
 
 
 @user_errors
@@ -24,6 +34,9 @@ def calibrate(
     tier: TierOpt = "mini",
     repeats: Annotated[int, typer.Option(min=1, help="Scorings of each solution.")] = 5,
     out: Annotated[Path | None, typer.Option(help="Also write the record into this folder.")] = None,
+    env_model: Annotated[list[str] | None, typer.Option(
+        help="The model of one of the environment's model roles, ROLE=MODEL (repeatable): the record is "
+             "these models' (runs given the same models use it).")] = None,
     ship: Annotated[bool, typer.Option(
         "--ship", help="Also write the record into the environment's calibration/ folder, which the package "
                        "ships.")] = False,
@@ -35,6 +48,7 @@ def calibrate(
 
     env = get_env(env_id)
     env.tier(tier)
+    overrides = parse_env_models(env_model or [], [env_id], tier)[env_id]
     shipped = shipped_calibration_dir(env)
     if ship:  # before minutes of scoring, not after
         check_writable(shipped, f"{env.id}'s calibration folder", SHIP_HINT)
@@ -48,7 +62,7 @@ def calibrate(
 
         record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
                                        command=shlex.join(["openrebench", *sys.argv[1:]]),
-                                       access=models_access(env_id, tier))
+                                       access=models_access(env_id, tier, overrides), models=overrides)
     table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
     for col in ("solution", "n", "mean", "median", "sd", "CV"):
         table.add_column(col, justify="right")

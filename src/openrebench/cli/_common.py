@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from openrebench.api import Environment, OpenRebenchError
-from openrebench.runs import Run, ScoreRow
+from openrebench.runs import Run, ScoreRow, ScoringAccessFn
 
 console = Console()
 err = Console(stderr=True)
@@ -144,3 +144,44 @@ def check_writable(folder: Path, what: str, hint: str = "") -> None:
     if problem:
         raise OpenRebenchError(f"{what} {folder} cannot be written ({existing}: {problem.lower()})"
                                + (f"; {hint}" if hint else ""))
+
+
+def models_access(env_id: str, tier: str, overrides: dict[str, str] | None = None) -> ScoringAccessFn | None:
+    """Where the tier declares models, the scorer's way to them (the tier's defaults, `overrides`
+    applied) through the harness's gateway, served by this process while it scores."""
+    if not get_env(env_id).tier(tier).models:
+        return None
+    from openrebench.harness import RunModels
+
+    models = RunModels.for_tier(get_env(env_id), tier, overrides)
+    return models.scoring if models else None
+
+
+def run_access(run: Run) -> ScoringAccessFn | None:
+    """The scorer's way to the models the run was given (its gateway/grant.json), where it has any."""
+    if not run.env.tier(run.info.tier).models:
+        return None
+    from openrebench.harness import RunModels
+
+    models = RunModels.of_run(run)
+    return models.scoring if models else None
+
+
+def parse_env_models(pairs: list[str], env_ids: list[str], tier: str) -> dict[str, dict[str, str]]:
+    """`--env-model ROLE=MODEL` values as each environment's overrides (an environment gets the roles
+    its tier declares; a role that none of them declares is an error, in one line)."""
+    wanted: dict[str, str] = {}
+    for pair in pairs:
+        role, sep, model = pair.partition("=")
+        role, model = role.strip(), model.strip()
+        if not sep or not role.isidentifier() or not model:
+            raise OpenRebenchError(f"bad --env-model '{pair}' (use ROLE=MODEL, e.g. judge=openai/gpt-4o-mini "
+                                   "or judge=local)")
+        wanted[role] = model
+    per_env = {e: {r: m for r, m in wanted.items() if r in get_env(e).tier(tier).models} for e in env_ids}
+    if unknown := sorted(set(wanted) - {r for found in per_env.values() for r in found}):
+        roles = sorted({r for e in env_ids for r in get_env(e).tier(tier).models})
+        raise OpenRebenchError(f"--env-model: no environment chosen has the model role "
+                               f"{', '.join(repr(r) for r in unknown)} in the {tier} tier (their roles: "
+                               f"{', '.join(roles) or 'none'})")
+    return per_env

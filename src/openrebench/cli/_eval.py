@@ -17,7 +17,7 @@ from typer.core import TyperCommand
 
 from openrebench.api import OpenRebenchError
 
-from ._common import TierOpt, console, duration, err, fmt, get_env, user_errors
+from ._common import TierOpt, console, duration, err, fmt, get_env, parse_env_models, user_errors
 
 # What the help says of some agents and isolations; the names themselves come from the harness's
 # registries, so one registered later is listed (without a note) with no change here.
@@ -107,24 +107,7 @@ def _exit_code(failures: list[tuple[str, str, str]]) -> int:
     return 1 if failures else 0
 
 
-def parse_env_models(pairs: list[str], env_ids: list[str], tier: str) -> dict[str, dict[str, str]]:
-    """`--env-model ROLE=MODEL` values as each environment's overrides (an environment gets the roles
-    its tier declares; a role that none of them declares is an error, in one line)."""
-    wanted: dict[str, str] = {}
-    for pair in pairs:
-        role, sep, model = pair.partition("=")
-        role, model = role.strip(), model.strip()
-        if not sep or not role.isidentifier() or not model:
-            raise OpenRebenchError(f"bad --env-model '{pair}' (use ROLE=MODEL, e.g. judge=openai/gpt-4o-mini "
-                                   "or judge=local)")
-        wanted[role] = model
-    per_env = {e: {r: m for r, m in wanted.items() if r in get_env(e).tier(tier).models} for e in env_ids}
-    if unknown := sorted(set(wanted) - {r for found in per_env.values() for r in found}):
-        roles = sorted({r for e in env_ids for r in get_env(e).tier(tier).models})
-        raise OpenRebenchError(f"--env-model: no environment chosen has the model role "
-                               f"{', '.join(repr(r) for r in unknown)} in the {tier} tier (their roles: "
-                               f"{', '.join(roles) or 'none'})")
-    return per_env
+
 
 
 def _inspect_command() -> str:

@@ -10,7 +10,7 @@ import typer
 from rich.markdown import Markdown
 
 from openrebench.api import show_progress
-from openrebench.runs import Run, ScoringAccessFn, final_score
+from openrebench.runs import Run, final_score
 
 from ._common import (
     RunDir,
@@ -21,32 +21,13 @@ from ._common import (
     fmt,
     get_env,
     log_table,
+    models_access,
     print_constants,
     print_row,
+    run_access,
     score_with_status,
     user_errors,
 )
-
-
-def models_access(env_id: str, tier: str) -> ScoringAccessFn | None:
-    """Where the tier declares models, the scorer's way to them (the tier's defaults) through the
-    harness's gateway, served by this process while it scores."""
-    if not get_env(env_id).tier(tier).models:
-        return None
-    from openrebench.harness import RunModels
-
-    models = RunModels.for_tier(get_env(env_id), tier)
-    return models.scoring if models else None
-
-
-def run_access(run: Run) -> ScoringAccessFn | None:
-    """The scorer's way to the models the run was given (its gateway/grant.json), where it has any."""
-    if not run.env.tier(run.info.tier).models:
-        return None
-    from openrebench.harness import RunModels
-
-    models = RunModels.of_run(run)
-    return models.scoring if models else None
 
 
 @user_errors

@@ -167,7 +167,8 @@ class OpenRebenchSandbox(SandboxEnvironment):
             with reporting(InspectProgress()):  # asset builds show in Inspect's footer
                 run, row = await anyio.to_thread.run_sync(
                     lambda: start_run(config.env_id, config.tier, path, sandboxed=backend.sandboxed_scoring,
-                                      devices=devices, access=models.scoring if models else None))
+                                      devices=devices, access=models.scoring if models else None,
+                                      models=models.models if models else None))
             if row is not None and row.details.get("infrastructure"):
                 # No baseline: an attempt now would be scored against a broken harness, not the agent.
                 raise RuntimeError(f"{run.path}: the starting solution could not be scored: {row.message} "

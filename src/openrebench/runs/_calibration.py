@@ -8,7 +8,7 @@ with the choice written down in the constants' `source`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,8 +23,16 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
-def record_filename(tier: str, hardware_key: str) -> str:
-    return f"{tier}--{_slug(hardware_key)}.json"
+def record_filename(tier: str, hardware_key: str, models: Mapping[str, str] | None = None) -> str:
+    with_models = "".join(f"--{_slug(role)}-{_slug(model)}" for role, model in sorted((models or {}).items()))
+    return f"{tier}--{_slug(hardware_key)}{with_models}.json"
+
+
+def tier_models(env: Environment, tier: str, models: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The model per role a run of the tier calls: the tier's defaults, `models` applied ({} for tiers
+    that declare none)."""
+    spec = env.tier(tier)
+    return {role: str((models or {}).get(role, r.model)) for role, r in spec.models.items()}
 
 
 def user_calibration_dir(env_id: str) -> Path:
@@ -44,13 +52,16 @@ def normalised_key(hardware_key: str) -> str:
     return f"{kind}:{model_key(model)}"
 
 
-def find_record(env: Environment, tier: str, hardware_key: str) -> tuple[CalibrationRecord, str] | None:
-    """This hardware's record for the tier: the user's own, else a shipped one; a record of an older
-    major version of the environment does not count."""
+def find_record(env: Environment, tier: str, hardware_key: str, models: Mapping[str, str] | None = None
+                ) -> tuple[CalibrationRecord, str] | None:
+    """This hardware's record for the tier and its models (the tier's defaults unless `models` says
+    otherwise): the user's own, else a shipped one; a record of an older major version of the
+    environment does not count."""
     want = normalised_key(hardware_key)
+    want_models = tier_models(env, tier, models)
     folders = (("local", user_calibration_dir(env.id)), ("shipped", shipped_calibration_dir(env)))
     for origin, folder in folders:
-        exact = folder / record_filename(tier, want)
+        exact = folder / record_filename(tier, want, want_models)
         for path in [exact, *sorted(p for p in folder.glob(f"{tier}--*.json") if p != exact)]:
             if not path.is_file():
                 continue
@@ -59,21 +70,33 @@ def find_record(env: Environment, tier: str, hardware_key: str) -> tuple[Calibra
             except (OSError, ValueError):
                 continue  # a broken record is not this hardware's record
             if (record.tier == tier and normalised_key(record.hardware_key) == want
+                    and record.models == want_models
                     and record.env_version.split(".")[0] == env.version.split(".")[0]):
                 return record, origin
     return None
 
 
-def constants_for(env: Environment, tier: str, hardware: Hardware | None = None) -> NormConstants:
-    """A run's constants: this hardware's record (the user's, then a shipped one), else the tier's
-    default, which the tier reads from its own shipped record (measured on its reference hardware)."""
+def constants_for(env: Environment, tier: str, hardware: Hardware | None = None,
+                  models: Mapping[str, str] | None = None) -> NormConstants:
+    """A run's constants: the record of this hardware and the run's models (the user's, then a shipped
+    one), else the tier's default, which the tier reads from its own shipped record (measured on its
+    reference hardware with its default models)."""
     spec = env.tier(tier)
     key = (hardware or detect_hardware()).key(spec.device)
-    found = find_record(env, tier, key)
+    found = find_record(env, tier, key, models)
     if found:
         return found[0].constants(found[1])
     default = spec.default_constants
-    return default.model_copy(update={"source": f"{default.source} (no calibration for {key}: tier default)"})
+    want, defaults = tier_models(env, tier, models), tier_models(env, tier)
+    other = {role: m for role, m in want.items() if m != defaults[role]}
+    if other:
+        named = ", ".join(f"{role}={m}" for role, m in sorted(other.items()))
+        flags = " ".join(f"--env-model {role}={m}" for role, m in sorted(other.items()))
+        note = (f"measured with the tier's default models, not with {named}: run `openrebench calibrate "
+                f"{env.id} --tier {tier} {flags}` for constants of its own")
+    else:
+        note = f"no calibration for {key}: tier default"
+    return default.model_copy(update={"source": f"{default.source} ({note})"})
 
 
 ProgressFn = Callable[[str, int, float | None, str], None]
@@ -81,8 +104,10 @@ ProgressFn = Callable[[str, int, float | None, str], None]
 
 def calibrate(env: Environment, tier: str, repeats: int, *,
               score_once: Callable[[str], tuple[float | None, str]], command: str,
-              on_progress: ProgressFn | None = None) -> CalibrationRecord:
-    """Score the starting and the reference solutions `repeats` times each.
+              on_progress: ProgressFn | None = None, models: Mapping[str, str] | None = None
+              ) -> CalibrationRecord:
+    """Score the starting and the reference solutions `repeats` times each (with `models`, for tiers
+    that declare models: the tier's defaults unless it says otherwise).
 
     `score_once(which)` returns (raw score or None, message); `on_progress(which, i, raw, message)`.
     """
@@ -105,13 +130,14 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
     return CalibrationRecord(
         env_id=env.id, env_version=env.version, tier=tier, hardware_key=hardware.key(env.tier(tier).device),
         hardware=hardware, start=Stats.of(values["start"]), reference=Stats.of(values["reference"]),
-        invalid={k: v for k, v in invalid.items() if v}, measured_at=datetime.now(UTC), command=command,
+        invalid={k: v for k, v in invalid.items() if v}, models=tier_models(env, tier, models),
+        measured_at=datetime.now(UTC), command=command,
         package_version=__version__,
     )
 
 
 def save_record(record: CalibrationRecord, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / record_filename(record.tier, record.hardware_key)
+    path = folder / record_filename(record.tier, record.hardware_key, record.models)
     path.write_text(record.model_dump_json(indent=2) + "\n")
     return path

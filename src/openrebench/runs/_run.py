@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -57,9 +58,11 @@ class Run:
     score_log_path = property(lambda self: self.path / LOG_FILE)
 
     @classmethod
-    def create(cls, env: Environment, tier: str, path: Path, *, seed: int | None = None) -> Run:
+    def create(cls, env: Environment, tier: str, path: Path, *, seed: int | None = None,
+               models: Mapping[str, str] | None = None) -> Run:
         """Make the directory layout and fingerprint at `path`, made absolute here once: scorers and
-        sandboxes run in other working directories (the caller fills the workspace)."""
+        sandboxes run in other working directories (the caller fills the workspace). `models` (role:
+        model, where they are not the tier's defaults) choose the calibration record."""
         from openrebench import __version__
 
         from ._calibration import constants_for
@@ -73,7 +76,8 @@ class Run:
         info = RunInfo(
             env_id=env.id, env_version=env.version, tier=tier,
             seed=secrets.randbits(31) if seed is None else seed, created_at=datetime.now(UTC),
-            package_version=__version__, hardware=hardware, constants=constants_for(env, tier, hardware),
+            package_version=__version__, hardware=hardware,
+            constants=constants_for(env, tier, hardware, models),
         )
         (path / "workspace").mkdir(parents=True)
         (path / "protected").mkdir()

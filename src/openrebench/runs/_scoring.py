@@ -499,10 +499,12 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
 
 def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None = None,
               score_start: bool = True, sandboxed: bool | None = None,
-              devices: Sequence[str] | None = None,
-              access: ScoringAccessFn | None = None) -> tuple[Run, ScoreRow | None]:
+              devices: Sequence[str] | None = None, access: ScoringAccessFn | None = None,
+              models: Mapping[str, str] | None = None) -> tuple[Run, ScoreRow | None]:
     """Set up a run: layout, assets, workspace, and the uncharged scoring of the starting solution
-    (skipped with `score_start=False`, for calibration and tests), given `access` (see `score_run`).
+    (skipped with `score_start=False`, for calibration and tests), given `access` (see `score_run`);
+    `models` (role: model) are the run's where they are not the tier's defaults (its constants are
+    then those calibrated with them).
 
     Everything up to the scoring is built in a hidden folder beside `path` and renamed into place
     when complete, so a failed or interrupted set-up leaves no half-made run behind."""
@@ -515,7 +517,7 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
     partial = Path(tempfile.mkdtemp(prefix=f".{path.name}.setting-up-", dir=path.parent))
     partial.chmod(0o755)  # as a plain mkdir would make it; mkdtemp's 0700 would hide the workspace
     try:
-        run = Run.create(env, tier, partial, seed=seed)
+        run = Run.create(env, tier, partial, seed=seed, models=models)
         set_up_files(run, env, cache_dir())
         _record_protected(run)
         check_new_run_dir(path)
@@ -533,8 +535,8 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
 
 
 def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, command: str,
-                          on_progress: ProgressFn | None = None,
-                          access: ScoringAccessFn | None = None) -> CalibrationRecord:
+                          on_progress: ProgressFn | None = None, access: ScoringAccessFn | None = None,
+                          models: Mapping[str, str] | None = None) -> CalibrationRecord:
     """Score the starting and the reference solutions `repeats` times each, in throw-away runs, given
     `access` (the tier's models, for environments that call one while scoring: see `score_run`)."""
     env = get_environment(env)
@@ -544,11 +546,12 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
 
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
-                run, _ = start_run(env, tier, Path(tmp) / which, score_start=False)
+                run, _ = start_run(env, tier, Path(tmp) / which, score_start=False, models=models)
                 if which == "reference":
                     install_reference(run)
                 runs[which] = run
             row = score_run(runs[which], kind="calibration", charged=False, access=access)
             return row.raw, row.message
 
-        return calibrate(env, tier, repeats, score_once=score_once, command=command, on_progress=on_progress)
+        return calibrate(env, tier, repeats, score_once=score_once, command=command, on_progress=on_progress,
+                         models=models)
