@@ -174,6 +174,16 @@ REFERENCE: dict[str, Callable[[str], str]] = {
     "is_sorted": lambda t: _yes(_listed(t)[1] == sorted(_listed(t)[1])),
     "distinct_count": lambda t: str(len(set(_listed(t)[1]))),
     "top_two_sum": _top_two_sum,
+    "double_sum": lambda t: str(2 * sum(_scalars(t, 2, -BIG, BIG))),
+    "triple": lambda t: str(3 * _scalars(t, 1, -BIG, BIG)[0]),
+    "next_number": lambda t: str(_scalars(t, 1, -BIG, BIG)[0] + 1),
+    "cube": lambda t: str(_scalars(t, 1, -(10**6), 10**6)[0] ** 3),
+    "sum_three": lambda t: str(sum(_scalars(t, 3, -BIG, BIG))),
+    "sum_of_squares": lambda t: str(sum(x * x for x in _scalars(t, 2, -BIG, BIG))),
+    "product_plus": lambda t: (lambda a, b, c: str(a * b + c))(*_scalars(t, 3, -BIG, BIG)),
+    "average_two": lambda t: str(sum(_scalars(t, 2, 0, BIG)) // 2),
+    "abs_diff": lambda t: (lambda a, b: str(abs(a - b)))(*_scalars(t, 2, -BIG, BIG)),
+    "remainder": lambda t: (lambda a, b: str(a % b))(*_scalars(t, 2, 1, BIG)),
     "uppercase": lambda t: "".join(chr(ord(c) - 32) for c in _word(t)),
     "palindrome": lambda t: _yes(all(a == b for a, b in zip(_word(t), reversed(_word(t)), strict=True))),
     "count_letter": _count_letter,
@@ -222,12 +232,12 @@ def test_hidden_tests_reach_the_edge_cases() -> None:
     assert any(abs(int(o)) > 2**31 for o in sums)  # an i32 accumulator overflows
 
 
-def test_split_has_16_valid_and_24_held_out_families_disjoint() -> None:
+def test_split_has_26_valid_and_24_held_out_families_disjoint() -> None:
     valid, test = problems.mini_problems(0)
-    assert len(valid) == 16 and len(test) == 24
+    assert len(valid) == 26 and len(test) == 24
     assert {r["family"] for r in valid}.isdisjoint({r["family"] for r in test})
     assert {r["name"] for r in valid}.isdisjoint({r["name"] for r in test})
-    assert all(f.split == "valid" for f in problems.FAMILIES[:16])
+    assert [f.name for f in problems.FAMILIES if f.split == "valid"] == [r["family"] for r in valid]
     assert [f.name for f in problems.FAMILIES if f.split == "test"] == [r["family"] for r in test]
 
 

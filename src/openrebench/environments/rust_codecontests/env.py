@@ -44,7 +44,7 @@ UTILS_NAME = "rust_codecontests_utils.py"
 MINI = RustCodecontestsParams(
     problems="mini", batch_size=12, batch_timeout_s=150, concurrency=4, compile_timeout_s=30, test_workers=2,
     budget="2,000,000 tokens", task_model="Gemma 3 270M (a small base model, served offline)",
-    n_valid="16")
+    n_valid="26")
 
 FULL = RustCodecontestsParams(
     problems="codecontests", batch_size=20, batch_timeout_s=60, concurrency=20, compile_timeout_s=60,
@@ -82,7 +82,7 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
     tiers: ClassVar[dict[str, TierSpec[RustCodecontestsParams]]] = {
         "mini": TierSpec(
             name="mini", description="CPU, offline: Gemma 3 270M as the task model, 24 held-out generated "
-                                     "beginner problems (16 for validation).",
+                                     "beginner problems (26 for validation).",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough) and rustc",
             time_limit_hours=2,
             score_timeout_s=900, memory_limit_gb=4, params=MINI,

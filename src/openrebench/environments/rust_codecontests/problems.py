@@ -484,7 +484,7 @@ def _divisible(rng: random.Random, case: int) -> tuple[str, str]:
     return f"{a} {b}\n", _yes(a % b == 0)
 
 
-@_family("leap_year", "test", """
+@_family("leap_year", "valid", """
 Decide whether a year is a leap year in the Gregorian calendar: a year is a leap year if it is divisible
 by 4, except years divisible by 100, which are leap years only if they are also divisible by 400.
 
@@ -500,7 +500,7 @@ def _leap_year(rng: random.Random, case: int) -> tuple[str, str]:
     return f"{y}\n", _yes(y % 4 == 0 and (y % 100 != 0 or y % 400 == 0))
 
 
-@_family("fizzbuzz", "test", """
+@_family("fizzbuzz", "valid", """
 Play one turn of FizzBuzz.
 
 Input
@@ -545,7 +545,7 @@ def _count_down(rng: random.Random, case: int) -> tuple[str, str]:
     return f"{n}\n", _join(range(n, 0, -1))
 
 
-@_family("times_table", "test", """
+@_family("times_table", "valid", """
 Print the first ten multiples of an integer n.
 
 Input
@@ -608,7 +608,7 @@ def _reverse_list(rng: random.Random, case: int) -> tuple[str, str]:
     return _list_input(xs), _join(reversed(xs))
 
 
-@_family("is_sorted", "test", """
+@_family("is_sorted", "valid", """
 Decide whether a list of n integers is sorted in non-decreasing order.
 """ + LIST_IO + """
 Output
@@ -621,7 +621,7 @@ def _is_sorted(rng: random.Random, case: int) -> tuple[str, str]:
     return _list_input(xs), _yes(all(a <= b for a, b in itertools.pairwise(xs)))
 
 
-@_family("distinct_count", "test", """
+@_family("distinct_count", "valid", """
 Count the distinct values in a list of n integers.
 """ + LIST_IO + """
 Output
@@ -634,7 +634,7 @@ def _distinct_count(rng: random.Random, case: int) -> tuple[str, str]:
     return _list_input(xs), str(len(set(xs)))
 
 
-@_family("top_two_sum", "test", """
+@_family("top_two_sum", "valid", """
 You are given n integers. Print the sum of the two largest of them (if the largest value occurs twice,
 the two largest are both that value).
 
@@ -690,8 +690,160 @@ def _count_letter(rng: random.Random, case: int) -> tuple[str, str]:
     return f"{s} {c}\n", str(s.count(c))
 
 
-FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
+
+# ---- formula families: arithmetic on the given integers (the shape a small model can sometimes adapt
+# from a worked example, so that the mini tier's scaffolds can be told apart) -------------------------
+
+
+@_family("double_sum", "valid", """
+You are given two integers a and b. Print twice their sum.
+
+Input
+One line with two integers a and b (-10^9 <= a, b <= 10^9).
+
+Output
+Print 2 * (a + b).
+""")
+def _double_sum(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b = _edge(case, [(0, 0), (-4, 9), (BIG, BIG), (-BIG, 1)]) or (
+        _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case))
+    return f"{a} {b}\n", str(2 * (a + b))
+
+
+@_family("triple", "valid", """
+You are given an integer n. Print three times n.
+
+Input
+One line with an integer n (-10^9 <= n <= 10^9).
+
+Output
+Print 3 * n.
+""")
+def _triple(rng: random.Random, case: int) -> tuple[str, str]:
+    (n,) = _edge(case, [(0,), (-7,), (BIG,), (-BIG,)]) or (_num(rng, -BIG, BIG, case),)
+    return f"{n}\n", str(3 * n)
+
+
+@_family("next_number", "valid", """
+You are given an integer n. Print the integer that comes right after it.
+
+Input
+One line with an integer n (-10^9 <= n <= 10^9).
+
+Output
+Print n + 1.
+""")
+def _next_number(rng: random.Random, case: int) -> tuple[str, str]:
+    (n,) = _edge(case, [(0,), (-1,), (BIG,), (-BIG,)]) or (_num(rng, -BIG, BIG, case),)
+    return f"{n}\n", str(n + 1)
+
+
+@_family("cube", "valid", """
+You are given an integer n. Print its cube.
+
+Input
+One line with an integer n (-10^6 <= n <= 10^6).
+
+Output
+Print n * n * n.
+""")
+def _cube(rng: random.Random, case: int) -> tuple[str, str]:
+    (n,) = _edge(case, [(0,), (-3,), (10**6,), (-(10**6),)]) or (_num(rng, -(10**6), 10**6, case),)
+    return f"{n}\n", str(n**3)
+
+
+@_family("sum_three", "test", """
+You are given three integers a, b and c. Print their sum.
+
+Input
+One line with three integers a, b and c (-10^9 <= a, b, c <= 10^9).
+
+Output
+Print a + b + c.
+""")
+def _sum_three(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b, c = _edge(case, [(0, 0, 0), (-5, 2, 3), (BIG, BIG, BIG), (-BIG, -BIG, -BIG)]) or (
+        _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case))
+    return f"{a} {b} {c}\n", str(a + b + c)
+
+
+@_family("sum_of_squares", "test", """
+You are given two integers a and b. Print the sum of their squares.
+
+Input
+One line with two integers a and b (-10^9 <= a, b <= 10^9).
+
+Output
+Print a * a + b * b.
+""")
+def _sum_of_squares(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b = _edge(case, [(0, 0), (-3, 4), (BIG, BIG), (-BIG, 1)]) or (
+        _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case))
+    return f"{a} {b}\n", str(a * a + b * b)
+
+
+@_family("product_plus", "test", """
+You are given three integers a, b and c. Print a times b, plus c.
+
+Input
+One line with three integers a, b and c (-10^9 <= a, b, c <= 10^9).
+
+Output
+Print a * b + c.
+""")
+def _product_plus(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b, c = _edge(case, [(0, 5, 0), (-2, 3, -4), (BIG, BIG, BIG), (-BIG, BIG, -BIG)]) or (
+        _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case))
+    return f"{a} {b} {c}\n", str(a * b + c)
+
+
+@_family("average_two", "test", """
+You are given two non-negative integers a and b. Print their average, rounded down.
+
+Input
+One line with two integers a and b (0 <= a, b <= 10^9).
+
+Output
+Print (a + b) / 2, rounded down.
+""")
+def _average_two(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b = _edge(case, [(0, 0), (3, 4), (BIG, BIG), (0, 1)]) or (
+        _num(rng, 0, BIG, case), _num(rng, 0, BIG, case))
+    return f"{a} {b}\n", str((a + b) // 2)
+
+
+@_family("abs_diff", "test", """
+You are given two integers a and b. Print the absolute value of their difference.
+
+Input
+One line with two integers a and b (-10^9 <= a, b <= 10^9).
+
+Output
+Print |a - b|.
+""")
+def _abs_diff(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b = _edge(case, [(5, 5), (2, 9), (-BIG, BIG), (BIG, -BIG)]) or (
+        _num(rng, -BIG, BIG, case), _num(rng, -BIG, BIG, case))
+    return f"{a} {b}\n", str(abs(a - b))
+
+
+@_family("remainder", "test", """
+You are given two positive integers a and b. Print the remainder of a divided by b.
+
+Input
+One line with two integers a and b (1 <= a, b <= 10^9).
+
+Output
+Print a mod b.
+""")
+def _remainder(rng: random.Random, case: int) -> tuple[str, str]:
+    a, b = _edge(case, [(7, 7), (3, 10), (BIG, 1), (BIG, BIG - 1)]) or (
+        _num(rng, 1, BIG, case), _num(rng, 1, BIG, case))
+    return f"{a} {b}\n", str(a % b)
+
+
+FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 def _rng(family: Family, seed: int) -> random.Random:
     """Seeded from a digest, not `hash()`: str hashing is salted per process, and the problems must be
