@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import tempfile
 import textwrap
 import time
@@ -23,11 +22,13 @@ from typing import Any
 
 import pytest
 
+import rust_support
 from openrebench.api import ScoreResult, TierSpec
 from openrebench.environments.rust_codecontests import problems, rust_utils, scorer
 from openrebench.environments.rust_codecontests.env import RustCodecontests
 from openrebench.environments.rust_codecontests.params import RustCodecontestsParams
 from openrebench.isolation import bwrap_usable
+from rust_support import needs_root, open_dir
 
 pytestmark = pytest.mark.skipif(rust_utils.find_rustc() is None, reason="needs rustc")
 
@@ -64,7 +65,7 @@ CORRECT = {
     "min_three": _rust("v[0].min(v[1]).min(v[2])"),
     "gcd": _rust("{ let (mut a, mut b) = (v[0], v[1]); while b != 0 { let t = a % b; a = b; b = t; } a }"),
     "divisible": _rust('if v[0] % v[1] == 0 { "YES" } else { "NO" }'),
-    "times_table": _rust('(1..=10).map(|i| (v[0] * i).to_string()).collect::<Vec<_>>().join(" ")'),
+    "product_plus": _rust("v[0] * v[1] + v[2]"),
 }
 
 
@@ -72,13 +73,6 @@ def _model_env(mp: pytest.MonkeyPatch) -> None:
     """The host makes an openai client, which wants a key and an address; no stub here calls it."""
     mp.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
     mp.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-
-
-def _open_dir(mode: int = 0o755) -> Path:
-    """A fresh folder under /tmp that uid 65534 may enter (pytest's tmp folders are root-only)."""
-    d = Path(tempfile.mkdtemp(prefix="rcc-scorer-test-"))
-    d.chmod(mode)
-    return d
 
 
 def _solution(folder: Path, code: str) -> Path:
@@ -102,9 +96,9 @@ RAISED = "scaffold-raised-93d7aa"  # in the text of what the scaffold raises
 MIXED = [
     ("product", "solved"), ("square", "solved"), ("sign", "wrong_answer"),
     ("rectangle", "compile_error"), ("power_of_two", "raised"), ("factorial", "not_a_string"),
-    ("count_digits", "timeout"), ("min_three", "solved"), ("leap_year", "runtime_error"),
-    # fizzbuzz blocks the host's event loop: the whole batch is lost, answers ready or not
-    ("fizzbuzz", "host_failed"), ("divisible", "host_failed"), ("times_table", "host_failed"),
+    ("count_digits", "timeout"), ("min_three", "solved"), ("remainder", "runtime_error"),
+    # sum_three blocks the host's event loop: the whole batch is lost, answers ready or not
+    ("sum_three", "host_failed"), ("divisible", "host_failed"), ("product_plus", "host_failed"),
     ("gcd", "solved"),  # a fresh host answers the next batch
 ]
 
@@ -112,7 +106,7 @@ MIXED_PROGRAMS = {
     **CORRECT,
     "sign": _rust('"positive"'),  # compiles, wrong on n <= 0
     "rectangle": 'fn main() {\n    let x: i32 = "not a number";\n    println!("{}", x);\n}\n',
-    "leap_year": _rust("v[7]"),  # one number in the input: index out of bounds, a panic
+    "remainder": _rust("v[7]"),  # two numbers in the input: index out of bounds, a panic
 }
 
 MIXED_SCAFFOLD = textwrap.dedent("""
@@ -140,7 +134,7 @@ MIXED_SCAFFOLD = textwrap.dedent("""
             return 42
         if family == "count_digits":
             await asyncio.sleep(100)
-        if family == "fizzbuzz":
+        if family == "sum_three":
             time.sleep(100)  # blocks the event loop: the host cannot answer
         return PROGRAMS[family]
 """).replace("@PROGRAMS@", repr(MIXED_PROGRAMS)).replace("@SAID@", repr(SAID)).replace(
@@ -260,51 +254,12 @@ def test_a_scaffold_that_cannot_load_is_invalid_with_one_clear_line(
 
 # ------------------------------------------------ the scoring sandbox's unprivileged uid (as root)
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="dropping to uid 65534 needs root and setpriv")
-SETPRIV = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs", "--"]
-
-
-def _runs_as_nobody(rustc: str) -> bool:
-    try:
-        return subprocess.run([*SETPRIV, rustc, "--version"], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 @pytest.fixture(scope="module")
 def nobody_rustc() -> Iterator[str]:
-    """A rustc that uid 65534 can run (in the scoring sandbox the toolchain is mounted for it): the found
-    one, or hard links to its toolchain's bin/ and lib/ under an open folder (a toolchain in root's home
-    is not reachable by 65534)."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("dropping to uid 65534 needs root and setpriv")
-    rustc = rust_utils.find_rustc()
-    assert rustc is not None
-    if _runs_as_nobody(rustc):
+    with rust_support.nobody_rustc() as rustc:
         yield rustc
-        return
-    sysroot, mirror = Path(rustc).parents[1], _open_dir()
-    try:
-        for top in ("bin", "lib"):
-            for dirpath, _, filenames in os.walk(sysroot / top):
-                here = mirror / Path(dirpath).relative_to(sysroot)
-                here.mkdir(parents=True, exist_ok=True)
-                here.chmod(0o755)
-                for name in filenames:
-                    src = Path(dirpath) / name
-                    if src.is_symlink():
-                        (here / name).symlink_to(os.readlink(src))
-                    else:
-                        os.link(src, here / name)
-    except OSError as e:
-        shutil.rmtree(mirror, ignore_errors=True)
-        pytest.skip(f"the toolchain is not readable by uid 65534 and cannot be mirrored: {e}")
-    if not _runs_as_nobody(str(mirror / "bin" / "rustc")):
-        shutil.rmtree(mirror, ignore_errors=True)
-        pytest.skip("uid 65534 cannot run rustc")
-    yield str(mirror / "bin" / "rustc")
-    shutil.rmtree(mirror, ignore_errors=True)
 
 
 @pytest.fixture
@@ -408,8 +363,8 @@ def test_hostile_programs_are_contained_and_the_judge_still_works(
     secret_path, secret_problem = secret
     product = copy.deepcopy(TEST["product"])
     product["time_limit_s"] = 1.0  # the wall-clock limit of each run
-    closed = _open_dir(0o755)  # root's, open to read: 65534 may not create a file in it
-    shared = _open_dir(0o1777)  # like /tmp: 65534 may create files there
+    closed = open_dir(0o755)  # root's, open to read: 65534 may not create a file in it
+    shared = open_dir(0o1777)  # like /tmp: 65534 may create files there
     received: list[bytes] = []
     before = _program_pids()
 
@@ -499,7 +454,7 @@ def _square_reader(path: Path) -> str:
 def test_neither_scaffold_nor_program_can_read_the_held_out_file() -> None:
     """Each answer is right only if reading test.jsonl failed with a permission error: solved proves it."""
     protected = Path(tempfile.mkdtemp(prefix="rcc-scorer-protected-"))
-    solution = _open_dir()
+    solution = open_dir()
     try:
         protected.chmod(0o700)
         held_out = protected / scorer.TEST_FILE

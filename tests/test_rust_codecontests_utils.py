@@ -13,14 +13,15 @@ import importlib.util
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+import rust_support
+from rust_support import SETPRIV, needs_root, open_dir
 
 SOURCE = (Path(__file__).parents[1] / "src" / "openrebench" / "environments" / "rust_codecontests"
           / "rust_utils.py")
@@ -32,7 +33,6 @@ _spec.loader.exec_module(rcu)
 
 pytestmark = pytest.mark.skipif(rcu.find_rustc() is None, reason="needs rustc")
 
-SETPRIV = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs", "--"]
 MIB = 1 << 20
 
 # One binary, many behaviours: the first word of stdin picks one (a compile costs ~0.6 s of two shared cores).
@@ -81,13 +81,6 @@ fn main() {
 """
 
 
-def _open_dir() -> Path:
-    """A fresh folder under /tmp that uid 65534 can enter (pytest's own tmp folders are root-only)."""
-    d = Path(tempfile.mkdtemp(prefix="rcc-test-"))
-    d.chmod(0o755)
-    return d
-
-
 def _root_only_file(folder: Path, text: str) -> Path:
     """A file the unprivileged uid can reach (its folder is open) but not read."""
     path = folder / "secret.txt"
@@ -99,7 +92,7 @@ def _root_only_file(folder: Path, text: str) -> Path:
 @pytest.fixture(scope="module")
 def tool() -> Iterator[Path]:
     """The behaviour-picking binary, compiled once as the caller, in a folder 65534 may enter."""
-    folder = _open_dir()
+    folder = open_dir()
     result = asyncio.run(rcu.compile_rust(TOOL, folder))
     assert result.ok, result.error
     yield result.binary
@@ -283,60 +276,18 @@ def test_a_program_cannot_write_files(tool: Path, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ the unprivileged uid
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="dropping to uid 65534 needs root and setpriv")
-
-
-def _runs_as_nobody(rustc: str) -> bool:
-    try:
-        return subprocess.run([*SETPRIV, rustc, "--version"], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _link_mirror(sysroot: Path, dest: Path) -> None:
-    """bin/ and lib/ of a toolchain as hard links under open folders: a toolchain under a root-only home
-    (~/.rustup as root) is then usable by 65534 without copying 600 MB (the scorer mounts it instead)."""
-    for top in ("bin", "lib"):
-        for dirpath, _, filenames in os.walk(sysroot / top):
-            here = dest / Path(dirpath).relative_to(sysroot)
-            here.mkdir(parents=True, exist_ok=True)
-            here.chmod(0o755)
-            for name in filenames:
-                src = Path(dirpath) / name
-                if src.is_symlink():
-                    (here / name).symlink_to(os.readlink(src))
-                else:
-                    os.link(src, here / name)
 
 
 @pytest.fixture(scope="module")
 def nobody_rustc() -> Iterator[str]:
-    """A rustc that uid 65534 can run: the resolved one, or a hard-link mirror of its toolchain."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("dropping to uid 65534 needs root and setpriv")
-    rustc = rcu.find_rustc()
-    assert rustc is not None
-    if _runs_as_nobody(rustc):
+    with rust_support.nobody_rustc() as rustc:
         yield rustc
-        return
-    mirror = _open_dir()
-    try:
-        _link_mirror(Path(rustc).parents[1], mirror)
-    except OSError as e:
-        shutil.rmtree(mirror, ignore_errors=True)
-        pytest.skip(f"the toolchain is not readable by uid 65534 and cannot be mirrored: {e}")
-    if not _runs_as_nobody(str(mirror / "bin" / "rustc")):
-        shutil.rmtree(mirror, ignore_errors=True)
-        pytest.skip("uid 65534 cannot run rustc")
-    yield str(mirror / "bin" / "rustc")
-    shutil.rmtree(mirror, ignore_errors=True)
 
 
 @pytest.fixture
 def nobody_workdir() -> Iterator[Path]:
     """A workdir made 65534's, as the scorer makes it."""
-    d = _open_dir()
+    d = open_dir()
     os.chown(d, 65534, 65534)
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -344,7 +295,7 @@ def nobody_workdir() -> Iterator[Path]:
 
 @needs_root
 def test_a_program_run_as_nobody_cannot_read_a_root_only_file(tool: Path) -> None:
-    folder = _open_dir()
+    folder = open_dir()
     try:
         secret = _root_only_file(folder, "top secret")
         assert _run(tool, f"read {secret}", "READ top secret").status == "passed"  # as root: it can
@@ -365,7 +316,7 @@ def test_compiling_and_running_as_nobody_solves_a_problem(nobody_rustc: str, nob
 @needs_root
 def test_include_str_of_a_root_only_file_fails_to_compile_as_nobody(nobody_rustc: str,
                                                                      nobody_workdir: Path) -> None:
-    folder = _open_dir()
+    folder = open_dir()
     try:
         secret = _root_only_file(folder, "top secret")
         source = f'fn main() {{ print!("{{}}", include_str!("{secret}")); }}\n'
