@@ -452,6 +452,8 @@ class Gateway:
             return
         try:
             log.record(**fields)
+        except FileNotFoundError:  # a request that outlived its run (a throw-away calibration run, removed)
+            logger.warning("the usage log %s is gone (its run was removed): a request not logged", log.path)
         except OSError:
             logger.exception("the usage log %s cannot be written", log.path)
 

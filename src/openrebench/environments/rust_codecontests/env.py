@@ -86,7 +86,7 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough) and rustc",
             time_limit_hours=2,
             score_timeout_s=900, memory_limit_gb=4, params=MINI,
-            constants=NormConstants(start=0.0, reference=0.2, source="placeholder"),
+            calibration=CALIBRATION / "mini--cpu-amd-epyc--task-model-local.json",
             models={"task_model": ModelRole(description="writes the Rust programs", model=LOCAL_MODEL)},
             model_budget=ModelBudget(tokens=2_000_000), scoring_model_budget=ModelBudget(tokens=2_000_000)),
         "full": TierSpec(
