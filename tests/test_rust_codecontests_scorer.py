@@ -357,6 +357,7 @@ def test_the_secret_programs_would_read_the_answer_without_the_uid_drop(
 
 
 @needs_root
+@pytest.mark.timing  # the fork bomb races the kill of what it forked on a loaded machine
 @pytest.mark.usefixtures("dropping")
 def test_hostile_programs_are_contained_and_the_judge_still_works(
         secret: tuple[Path, dict[str, Any]]) -> None:

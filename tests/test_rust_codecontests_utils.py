@@ -256,6 +256,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie is dead (PID 1 of a container may never reap it)
 
 
+@pytest.mark.timing  # a bound in seconds, and killing what forks races with a loaded machine
 def test_what_a_program_forks_out_of_its_group_is_killed_with_it(tool: Path) -> None:
     t0 = time.monotonic()
     outcome = _run(tool, "escape", "hi")

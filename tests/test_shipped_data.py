@@ -47,12 +47,12 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """`calibrate` without scoring: a record of fixed raw scores; the list names each calibration."""
     calls: list[str] = []
 
-    def fixed(env_id: str, tier: str, repeats: int, *, command: str,
-              on_progress: Any = None) -> CalibrationRecord:
+    def fixed(env_id: str, tier: str, repeats: int, *, command: str, on_progress: Any = None,
+              access: Any = None, models: Any = None) -> CalibrationRecord:
         calls.append(env_id)
         raw = {"start": 2.0, "reference": 1.0}
         return calibrate(get_environment(env_id), tier, repeats, command=command, on_progress=on_progress,
-                         score_once=lambda which: (raw[which], "fixed"))
+                         score_once=lambda which: (raw[which], "fixed"), models=models)
 
     monkeypatch.setattr(_calibrate, "calibrate_environment", fixed)
     return calls
