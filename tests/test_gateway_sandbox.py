@@ -292,6 +292,43 @@ def test_the_scorer_calls_the_runs_model_on_a_budget_the_agent_cannot_spend(open
     assert list(model_service()._live) == [box.sandbox.models.agent_grant.token]
 
 
+@needs_bwrap
+def test_a_backend_down_during_a_scoring_is_the_harnesss_failure_not_the_solutions(open_box: Any) -> None:
+    model_service().add_backend("test/down-scoring", OpenAICompatibleBackend("http://127.0.0.1:9/v1", "down",
+                                                                             retries=0))
+    box = open_box(models={"judge": "test/down-scoring"})
+    (box.run.workspace / "answer.txt").write_text("55\n")
+    (box.run.workspace / "ask_judge").write_text("")
+    row = box.loop.run_until_complete(box.sandbox.score())
+    assert row.raw is None and row.details["infrastructure"] is True
+    assert row.message.startswith("Invalid: infrastructure failure (the model backend failed on 1 of 1 model "
+                                  "call(s) during the scoring"), row.message
+    assert "not caused by your solution" in row.message
+    assert row.details["scored_as"]["raw"] is None  # what the scorer made of it is kept
+    assert row.details["models"]["total"]["requests"] == 1
+
+
+@needs_bwrap
+def test_the_agents_socket_is_its_own_and_the_shared_one_is_not_in_the_sandbox(open_box: Any) -> None:
+    first, second = open_box(), open_box()
+    other = second.sandbox.models.agent_grant.token
+    seen = first.python(ASK + f"""
+import os
+mine = ask()
+client = openai.OpenAI(max_retries=0, api_key={other!r})
+try:
+    client.models.list()
+    theirs = 200
+except openai.APIStatusError as e:
+    theirs = e.status_code
+print(json.dumps([mine[0], theirs, sorted(os.listdir("/run/openrebench/gateway"))]))
+""")
+    assert seen == [200, 401, ["gateway.sock"]]  # another run's token opens nothing on this run's socket
+    service = model_service()
+    grant = first.sandbox.models.agent_grant
+    assert grant.socket_dir is not None and grant.socket_dir != service.socket_dir
+
+
 # -- choosing models ----------------------------------------------------------------------------------
 
 def test_unknown_roles_and_bad_budgets_are_one_line_errors(installed: Path) -> None:

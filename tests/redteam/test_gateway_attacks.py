@@ -311,60 +311,69 @@ def test_requests_queued_past_a_runs_limit_are_refused_at_once(tmp_path: Path) -
 
 
 class OneAtATime(FakeBackend):
-    """A shared upstream that serves one request at a time (the local llama.cpp server has a few slots)."""
+    """A shared upstream that serves one request at a time, and says so (`capacity`), as the local
+    llama.cpp server says it has a few slots."""
+
+    capacity = 1
 
     def __init__(self, delay_s: float) -> None:
         super().__init__(delay_s)
         self.lock: asyncio.Lock | None = None
-        self.asked = 0
+        self.asked = self.calls_now = self.most_calls = 0
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         self.asked += 1
+        self.calls_now += 1
+        self.most_calls = max(self.most_calls, self.calls_now)
         self.lock = self.lock or asyncio.Lock()
-        async with self.lock:
-            return await super().chat(body)
+        try:
+            async with self.lock:
+                return await super().chat(body)
+        finally:
+            self.calls_now -= 1
 
 
 @attack(env="gateway", cls="denial of service")
-@pytest.mark.xfail(strict=True, reason="backends are shared by every run (one per model spec, the local "
-                   "llama.cpp server for all) and the gateway hands them every run's requests first come, "
-                   "first served: one run's 16 slots starve the others, whose scorers' judges then time out "
-                   "and their scores are invalid, charged to those agents (the fix: a fair queue per "
-                   "backend)")
 def test_one_run_flooding_a_shared_backend_does_not_starve_another_runs_scorer(
         gw: Gateway, tmp_path: Path) -> None:
     """Flood the shared (local) model with the run's 16 slots so that other runs' judges time out."""
     shared = OneAtATime(delay_s=0.1)
     hog = _grant(gw, tmp_path, shared, run="hog")
     victim = _client(gw, _grant(gw, tmp_path, shared, run="victim"))
+    (hog_grant,) = [g for g in gw._grants.values() if g.token == hog]
     flood = threading.Thread(target=_flood, args=(gw, hog, 16), daemon=True)
     flood.start()
     deadline = time.monotonic() + 10
-    while shared.asked < 16 and time.monotonic() < deadline:
+    while hog_grant.pending < 16 and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert hog_grant.pending == 16  # the whole flood is in, queued behind the backend's one place
     t0 = time.monotonic()
     victim.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "judge"}])
     waited = time.monotonic() - t0
     flood.join()
+    # One of the hog's requests ahead (0.1 s) and the victim's own (0.1 s), not the 16 queued (1.6 s).
     assert waited < 0.5, f"the other run's request waited {waited:.1f} s behind the flood"
+    assert shared.asked == 17 and shared.most_calls == 1  # never more at once than it serves
 
 
 @attack(env="gateway", cls="denial of service")
-@pytest.mark.xfail(strict=True, reason="every run's connections reach one Unix socket of the harness's "
-                   "process and are told apart only by the token of each request: a run that keeps "
-                   "thousands of keep-alive connections busy with cheap requests holds as many descriptors "
-                   "(the fix: a socket per run, whose connections can be capped)")
 def test_a_run_cannot_hold_more_connections_open_than_its_limit(tmp_path: Path) -> None:
-    """Keep hundreds of keep-alive connections open, each with a cheap authorised request now and then."""
+    """Keep dozens of keep-alive connections open on the run's socket, each with a cheap authorised request.
+
+    A sandbox is shown its grant's own socket alone (the agent's, or one scoring's), whose connections
+    are counted as they are accepted: those over the limit are answered 429 and closed at once."""
     gateway = Gateway(tmp_path / "gw.sock", max_pending=8)
     with gateway.start_in_thread():
-        token = _grant(gateway, tmp_path, FakeBackend())
+        own = tmp_path / "grant" / "gateway.sock"
+        token = gateway.grant(roles={"task_model": RoleModel(FakeBackend(), "fake/model")},
+                              usage_path=tmp_path / "run" / "usage.jsonl", socket_path=own).token
         ask = (f"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
-        conns = [_raw(gateway.socket_path, ask) for _ in range(40)]
+        conns = [_raw(own, ask) for _ in range(40)]
         try:
+            answers = []
             for c in conns:
                 c.settimeout(5.0)
-                c.recv(65536)
+                answers.append(c.recv(65536).split(b"\r\n")[0])
             time.sleep(0.3)
             open_now = 0
             for c in conns:
@@ -374,9 +383,22 @@ def test_a_run_cannot_hold_more_connections_open_than_its_limit(tmp_path: Path) 
                 except BlockingIOError:
                     open_now += 1
             assert open_now <= 8, f"{open_now} connections of one run held open"
+            assert answers.count(b"HTTP/1.1 200 OK") == 8
+            assert answers.count(b"HTTP/1.1 429 Too Many Requests") == 32
         finally:
             for c in conns:
                 c.close()
+        # Closed connections free their places; the socket answers its own grant's token only.
+        other = gateway.grant(roles={"task_model": RoleModel(FakeBackend(), "fake/model")},
+                              usage_path=tmp_path / "other" / "usage.jsonl").token
+        time.sleep(0.2)
+        for who, status in ((token, b"200"), (other, b"401")):
+            c = _raw(own, ask.replace(token.encode(), who.encode()))
+            c.settimeout(5.0)
+            assert c.recv(65536).split(b"\r\n")[0].split(b" ")[1] == status
+            c.close()
+        gateway.revoke(token)
+        assert not own.exists()  # a revoked grant's socket is gone
 
 
 # -- from inside the agent's sandbox ----------------------------------------------------------------------

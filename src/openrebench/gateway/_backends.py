@@ -260,10 +260,11 @@ class OpenAICompatibleBackend:
     RETRY = (429, 503)
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, retries: int = 5,
-                 backoff_s: float = 0.5, timeout_s: float = 600.0, usage_counts_one_choice: bool = False
-                 ) -> None:
+                 backoff_s: float = 0.5, timeout_s: float = 600.0, usage_counts_one_choice: bool = False,
+                 capacity: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = model
+        self.capacity = capacity  # requests the server serves at once (the gateway queues the rest fairly)
         # llama.cpp's server reports the completion tokens of one choice when asked for `n` > 1: the
         # gateway then charges that count once per choice, or `n` would buy choices for free.
         self.usage_counts_one_choice = usage_counts_one_choice

@@ -303,6 +303,7 @@ class LocalEndpoint:
     base_url: str
     api_key: str
     model: str = MODEL_NAME
+    parallel: int = 4  # the server's slots: requests it serves at once
 
     def inspect_env(self) -> dict[str, str]:
         """The variables with which Inspect's `openai-api/local/...` provider reaches this server."""
@@ -422,9 +423,10 @@ def _acquire(folder: Path, cache: Path | None, options: dict[str, Any]) -> Local
                 assert server.pid is not None and server.port is not None
                 state = {"pid": server.pid, "started": _start_time(server.pid), "port": server.port,
                          "api_key": server.api_key, "model_sha256": expected, "model": str(model),
-                         "owner_pid": os.getpid()}
+                         "owner_pid": os.getpid(), "parallel": server.parallel}
                 _write_state(folder, state)
-        endpoint = LocalEndpoint(f"http://127.0.0.1:{state['port']}/v1", state["api_key"])
+        endpoint = LocalEndpoint(f"http://127.0.0.1:{state['port']}/v1", state["api_key"],
+                                 parallel=int(state.get("parallel") or 4))
         _shares[folder] = _Share(endpoint, state["pid"], state["started"], users, server)
         return endpoint
 

@@ -10,10 +10,13 @@ its budget. Status codes are those OpenAI uses, so standard clients raise their 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
 import uuid
@@ -27,6 +30,7 @@ from aiohttp import web
 from openrebench.base import OpenRebenchError
 
 from ._backends import Backend, BackendError
+from ._fair import DEFAULT_CAPACITY, FairQueue
 from ._prices import find_price
 from ._usage import Totals, UsageLog
 
@@ -77,8 +81,17 @@ class Grant:
     concurrency: int
     phase: str | None = None  # when the run uses it (`agent`, `scoring`), recorded in each row
     max_pending: int = MAX_PENDING
+    socket_path: Path | None = None  # the grant's own socket, if it has one (see `Gateway.grant`)
+    max_connections: int = MAX_PENDING
     slots: asyncio.Semaphore = field(init=False, repr=False)
     pending: int = field(init=False, default=0, repr=False)
+    connections: int = field(init=False, default=0, repr=False)
+
+    @property
+    def socket_dir(self) -> Path | None:
+        """The folder of the grant's own socket: what a sandbox binds (a folder, so that the socket of a
+        restarted gateway shows through the bind)."""
+        return None if self.socket_path is None else self.socket_path.parent
 
     def __post_init__(self) -> None:
         self.slots = asyncio.Semaphore(self.concurrency)
@@ -179,6 +192,11 @@ class Gateway:
         self._grants: dict[str, Grant] = {}
         self._logs: dict[Path, UsageLog] = {}
         self._backends: dict[int, Backend] = {}
+        self._queues: dict[int, FairQueue] = {}  # by backend: its fair share among grants
+        self._sites: dict[str, _GrantSite] = {}  # by token digest: the grants' own sockets
+        self._by_socket: dict[str, Grant] = {}  # a grant by its own socket's path
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._lock = threading.Lock()  # grants are made and revoked from other threads
         self._anonymous = None if log_path is None else UsageLog(log_path)
         self._runner: web.AppRunner | None = None
@@ -190,11 +208,17 @@ class Gateway:
 
     def grant(self, token: str | None = None, *, roles: Mapping[str, RoleModel], usage_path: Path,
               budget: Budget | None = None, run_id: str | None = None,
-              concurrency: int | None = None, phase: str | None = None) -> Grant:
+              concurrency: int | None = None, phase: str | None = None,
+              socket_path: Path | None = None) -> Grant:
         """Let the holder of `token` (a new random one if None) use `roles` within `budget`, logging to
         `usage_path`. The budget counts the rows of `run_id` in that file, so a run granted again with
         the same id (after a restart, or with a new token) keeps counting what it spent, while grants of
-        other ids writing to the same file (a run's agent, each of its scorings) spend apart."""
+        other ids writing to the same file (a run's agent, each of its scorings) spend apart.
+
+        `socket_path`: a Unix socket of the grant's own, bound before this returns and served once the
+        gateway runs. It answers this token only, and holds at most `max_pending` connections at once
+        (more are answered 429 and closed as they come): connections on the shared socket cannot be
+        told apart before they send a request, so a sandbox is shown its grant's socket alone."""
         if not roles:
             raise OpenRebenchError("a grant needs at least one role")
         budget = budget or Budget()
@@ -211,21 +235,86 @@ class Gateway:
             if log is None:
                 log = self._logs[path] = UsageLog(path)
             grant = Grant(token, run_id or path.parent.name, dict(roles), budget, log, prices,
-                          concurrency or self.concurrency, phase, self.max_pending)
+                          concurrency or self.concurrency, phase, self.max_pending,
+                          None if socket_path is None else Path(socket_path), self.max_pending)
+            if grant.socket_path is not None:
+                self._own_socket(grant)
             self._grants[_digest(token)] = grant
             self._backends.update((id(m.backend), m.backend) for m in roles.values())
         return grant
 
     def revoke(self, token: str) -> None:
-        """The token no longer opens anything (requests in flight finish and are logged)."""
+        """The token no longer opens anything (requests in flight finish and are logged); its own
+        socket, if it has one, is closed and removed."""
         with self._lock:
-            self._grants.pop(_digest(token), None)
+            grant = self._grants.pop(_digest(token), None)
+            site = self._sites.pop(_digest(token), None)
+        if site is not None:
+            self._on_loop(site.stop())
+        if grant is not None and grant.socket_path is not None:
+            grant.socket_path.unlink(missing_ok=True)
+
+    def forget(self, backend: Backend) -> None:
+        """No grant will use `backend` again (its server is going away): drop it and close its client."""
+        with self._lock:
+            self._backends.pop(id(backend), None)
+            self._queues.pop(id(backend), None)
+        aclose = getattr(backend, "aclose", None)
+        if aclose is not None:
+            self._on_loop(aclose())
+
+    # -- a grant's own socket -------------------------------------------------------------------------
+
+    def _own_socket(self, grant: Grant) -> None:
+        """Bind and listen now (a client may connect at once: it waits in the backlog), serve from the
+        gateway's loop: now if it runs, else when it starts."""
+        assert grant.socket_path is not None
+        grant.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        grant.socket_path.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(grant.socket_path))
+            grant.socket_path.chmod(0o777)  # the sandbox's uid may differ from the harness's
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._by_socket[str(grant.socket_path)] = grant
+        site = _GrantSite(self, grant, sock)
+        self._sites[_digest(grant.token)] = site
+        if self._runner is not None:
+            self._on_loop(site.open(self._runner))
+
+    def _on_loop(self, coro: Any) -> None:
+        """Run `coro` on the gateway's loop, from whichever thread this is called, in a context of its
+        own: a server started from a caller's context would serve every connection in it (Inspect's
+        sample context, say, which would then count the gateway's model calls as the agent's)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task = loop.create_task(coro, context=contextvars.Context())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            contextvars.Context().run(asyncio.run_coroutine_threadsafe, coro, loop)
 
     def _grant_of(self, request: web.Request) -> Grant | None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
-        return self._grants.get(_digest(token.strip()))
+        grant = self._grants.get(_digest(token.strip()))
+        transport = request.transport
+        own = self._by_socket.get(str(transport.get_extra_info("sockname") or "")) if transport else None
+        if own is not None and own is not grant:
+            return None  # a grant's socket answers its own token only
+        return grant
 
     # -- serving --------------------------------------------------------------------------------------
 
@@ -254,11 +343,14 @@ class Gateway:
         return app
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
                                      shutdown_timeout=self.shutdown_timeout_s,
                                      keepalive_timeout=self.keepalive_timeout_s)
         await self._runner.setup()
         try:
+            for site in list(self._sites.values()):  # grants made before the gateway started
+                await site.open(self._runner)
             if self.socket_path is not None:
                 self.socket_path.parent.mkdir(parents=True, exist_ok=True)
                 self.socket_path.unlink(missing_ok=True)
@@ -272,10 +364,14 @@ class Gateway:
 
     async def close(self) -> None:
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # the grants' sites with the rest
             self._runner = None
             if self.socket_path is not None:
                 self.socket_path.unlink(missing_ok=True)
+        for site in list(self._sites.values()):
+            site.close_socket()
+            if site.path is not None:
+                site.path.unlink(missing_ok=True)
         for backend in list(self._backends.values()):  # their HTTP clients, bound to this loop
             aclose = getattr(backend, "aclose", None)
             if aclose is not None:
@@ -420,7 +516,8 @@ class Gateway:
         call.hold(grant, _limit(body, grant.available(grant.prices[call.role])), size // BYTES_PER_TOKEN)
         backend = call.model.backend
         try:
-            output = await (backend.chat if endpoint == "chat" else backend.complete)(body)
+            async with self._queue(backend).slot(grant.run_id):
+                output = await (backend.chat if endpoint == "chat" else backend.complete)(body)
         except BackendError as e:
             call.started = e.status == 504  # refused upstream, nothing spent, unless it timed out
             raise _Refusal(e.status, e.message, e.type, e.type) from None
@@ -436,6 +533,15 @@ class Gateway:
             raise _Refusal(502, f"the backend of {call.model.model_name} gave no response object",
                            "upstream_error", "upstream_error")
         return output, stream, include_usage
+
+    def _queue(self, backend: Backend) -> FairQueue:
+        """The backend's fair queue, shared by every grant that uses it (`capacity`: its own, if it
+        names one, e.g. the llama.cpp server's slots)."""
+        queue = self._queues.get(id(backend))
+        if queue is None:
+            capacity = getattr(backend, "capacity", None) or DEFAULT_CAPACITY
+            queue = self._queues[id(backend)] = FairQueue(int(capacity))
+        return queue
 
     def _record(self, grant: Grant | None, role: str | None, model: RoleModel | None, endpoint: str,
                 t0: float, *, status: int, prompt: int | None = 0, completion: int | None = 0,
@@ -573,6 +679,104 @@ def _sse(output: dict[str, Any], endpoint: str, include_usage: bool) -> bytes:
     if include_usage:
         events.append({**head, "object": kind, "choices": [], "usage": output.get("usage")})
     return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+class _TooMany(asyncio.Protocol):
+    """A connection over a grant's limit: answered 429 and closed, before it can hold anything. The close
+    waits for the request (at most a second), as closing on unread bytes would reset the connection and
+    lose the answer."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.transport: asyncio.WriteTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        body = json.dumps({"error": {"message": f"too many connections of this run at once (at most "
+                                                f"{self.limit})", "type": "rate_limit_exceeded",
+                                     "param": None, "code": "too_many_connections"}}).encode()
+        head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nx-should-retry: false\r\nConnection: close\r\n\r\n")
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.transport = transport
+        transport.write(head.encode() + body)
+        asyncio.get_running_loop().call_later(1.0, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's handler of one connection, counted against its grant while the connection lives."""
+
+    def __init__(self, inner: asyncio.Protocol, grant: Grant) -> None:
+        self.inner, self.grant = inner, grant
+        grant.connections += 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.grant.connections -= 1
+        self.inner.connection_lost(exc)
+
+
+class _GrantSite(web.BaseSite):
+    """A grant's own socket, served by the gateway's app, its connections capped."""
+
+    def __init__(self, gateway: Gateway, grant: Grant, sock: socket.socket) -> None:
+        self._gateway, self._grant, self._sock = gateway, grant, sock
+        self._opened = self._stopped = False
+
+    @property
+    def name(self) -> str:
+        return f"http://unix:{self._grant.socket_path}:"
+
+    @property
+    def path(self) -> Path | None:
+        return self._grant.socket_path
+
+    async def open(self, runner: web.AppRunner) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        super().__init__(runner, shutdown_timeout=self._gateway.shutdown_timeout_s)
+        await self.start()
+
+    async def start(self) -> None:
+        await super().start()
+        handler = self._runner.server
+        assert handler is not None
+        grant = self._grant
+
+        def protocol() -> asyncio.Protocol:
+            if grant.connections >= grant.max_connections:
+                return _TooMany(grant.max_connections)
+            return _Counted(handler(), grant)
+
+        self._server = await asyncio.get_running_loop().create_unix_server(protocol, sock=self._sock)
+
+    async def stop(self) -> None:
+        if self._opened and not self._stopped:
+            self._stopped = True
+            with contextlib.suppress(RuntimeError):  # the runner's cleanup may have stopped it first
+                await super().stop()
+        self.close_socket()
+
+    def close_socket(self) -> None:
+        self._sock.close()
 
 
 class GatewayThread:

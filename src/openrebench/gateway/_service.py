@@ -6,7 +6,7 @@ Made on first use (`model_service()`), it serves from a thread of the harness (`
 alone, bound in (a folder, not the socket file: a restarted gateway's new socket shows through it).
 
 A model spec is what an environment's role names (`ModelRole.model`): `local` is the offline Gemma
-server (`shared_local_server`, held until the service closes), anything else an Inspect model
+server (`shared_local_server`, held while a live grant names it), anything else an Inspect model
 (`openai/gpt-4o-mini`, `mockllm/model`). Backends are made once per spec.
 
 A gateway thread that died is started again on the same socket path by the next `grant` or `ensure`
@@ -52,6 +52,7 @@ class _Live:
     budget: Budget
     run_id: str
     phase: str | None
+    socket_path: Path  # the grant's own socket (kept over restarts: a sandbox binds its folder)
 
 
 class ModelService:
@@ -91,7 +92,16 @@ class ModelService:
 
     @property
     def socket_path(self) -> Path:
+        """The shared socket (any grant's token): for the harness's own clients, never a sandbox's."""
         return self.socket_dir / SOCKET_NAME
+
+    def _new_socket_path(self) -> Path:
+        """A folder of its own for a grant's socket, beside the shared one's."""
+        top = self.socket_dir.parent / "grants"
+        top.mkdir(mode=0o755, exist_ok=True)
+        folder = top / secrets.token_hex(8)
+        folder.mkdir(mode=0o755)
+        return folder / SOCKET_NAME
 
     # -- backends -------------------------------------------------------------------------------------
 
@@ -107,7 +117,8 @@ class ModelService:
                         self._endpoint = self._local.enter_context(shared_local_server())
                     e = self._endpoint
                     found = RoleModel(OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
-                                                              usage_counts_one_choice=True), e.model, FREE)
+                                                              usage_counts_one_choice=True,
+                                                              capacity=e.parallel), e.model, FREE)
                 else:
                     found = RoleModel(InspectBackend(spec), spec)
                 self._models[spec] = found
@@ -160,15 +171,17 @@ class ModelService:
         assert self._thread is not None
         roles = {role: self.role_model(spec) for role, spec in live.models.items()}
         return self._thread.gateway.grant(live.token, roles=roles, usage_path=live.usage_path,
-                                          budget=live.budget, run_id=live.run_id, phase=live.phase)
+                                          budget=live.budget, run_id=live.run_id, phase=live.phase,
+                                          socket_path=live.socket_path)
 
     def grant(self, run_path: Path, models: Mapping[str, str], budget: Budget | None = None, *,
               phase: str | None = None, run_id: str | None = None) -> Grant:
         """Let a new token use `models` (role: spec) within `budget`, logging to the run's
-        `gateway/usage.jsonl`. A run's grants share that log, hence its budget."""
-        live = _Live(secrets.token_urlsafe(32), dict(models), Path(run_path) / USAGE_LOG,
-                     budget or Budget(), run_id or Path(run_path).name, phase)
+        `gateway/usage.jsonl`; each grant spends its own budget (the rows of its `run_id`). The grant's
+        own socket (`Grant.socket_dir`) is what a sandbox is shown."""
         with self._lock:
+            live = _Live(secrets.token_urlsafe(32), dict(models), Path(run_path) / USAGE_LOG,
+                         budget or Budget(), run_id or Path(run_path).name, phase, self._new_socket_path())
             self.ensure()
             grant = self._register(live)
             self._live[live.token] = live
@@ -182,10 +195,27 @@ class ModelService:
     def revoke(self, token: str) -> None:
         """The token no longer opens anything, now or after a restart."""
         with self._lock:
-            self._live.pop(token, None)
+            live = self._live.pop(token, None)
             self._grants.pop(token, None)
             if self._thread is not None:
                 self._thread.gateway.revoke(token)
+            if live is not None:
+                live.socket_path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    live.socket_path.parent.rmdir()
+            self._release_local()
+
+    def _release_local(self) -> None:
+        """Let the local model server go once no live grant names it: it is shared, so it stops only when
+        no other user (an agent's `--model local`, another process) holds it either."""
+        if self._endpoint is None or any(LOCAL_MODEL in live.models.values() for live in self._live.values()):
+            return
+        found = self._models.pop(LOCAL_MODEL, None)
+        if found is not None and self._thread is not None:
+            self._thread.gateway.forget(found.backend)
+        self._local.close()
+        self._local = contextlib.ExitStack()
+        self._endpoint = None
 
     def stop(self) -> None:
         """Stop serving (as a crash would, but cleanly): the next `ensure` starts it again."""

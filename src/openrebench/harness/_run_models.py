@@ -165,19 +165,29 @@ class RunModels:
         self._record(run)
         log = run.path / USAGE_LOG
         start = log.stat().st_size if log.exists() else 0
-        if sandboxed:
-            binds: tuple[Bind, ...] = (Bind(self.service.socket_dir, GATEWAY_DIR),)
+        assert grant.socket_dir is not None and grant.socket_path is not None  # the service makes one
+        if sandboxed:  # the scoring's own socket, nobody else's
+            binds: tuple[Bind, ...] = (Bind(grant.socket_dir, GATEWAY_DIR),)
             prefix = exec_prefix(f"{GATEWAY_DIR}/{SOCKET_NAME}", GATEWAY_PORT, python=sys.executable)
         else:
-            binds, prefix = (), exec_prefix(self.service.socket_path, 0, python=sys.executable)
+            binds, prefix = (), exec_prefix(grant.socket_path, 0, python=sys.executable)
+
+        def rows() -> list[dict[str, Any]]:
+            return [r for r in _rows_from(log, start) if r.get("grant") == run_id]
 
         def report() -> dict[str, Any]:
-            rows = [r for r in _rows_from(log, start) if r.get("grant") == run_id]
-            return {"models": summarise(rows)} if rows else {}
+            found = rows()
+            return {"models": summarise(found)} if found else {}
+
+        restarts = self.service.restarts
+
+        def infrastructure() -> str | None:
+            return backend_failures(rows(), gateway_lost=not self.service.alive
+                                    or self.service.restarts != restarts)
 
         try:
             yield ScoringAccess(binds=binds, env={"OPENAI_API_KEY": grant.token}, prefix=tuple(prefix),
-                                report=report)
+                                report=report, infrastructure=infrastructure)
         finally:
             self.service.revoke(grant.token)
 
@@ -185,6 +195,24 @@ class RunModels:
         if self.agent_grant is not None:
             self.service.revoke(self.agent_grant.token)
             self.agent_grant = None
+
+
+BACKEND_FAILED = {500, 502, 503}
+"""Statuses of requests that failed on the harness's side: the gateway's own error, a backend that
+failed or could not be reached (after the gateway's retries). A 504 is not among them: a call that ran
+past the gateway's limit was asked for (or waited behind the run's own requests). 4xx are the client's."""
+
+
+def backend_failures(rows: list[dict[str, Any]], gateway_lost: bool = False) -> str | None:
+    """What failed on the harness's side among a scoring's model calls, in words, or None."""
+    failed = [r for r in rows if r.get("status") in BACKEND_FAILED]
+    if gateway_lost:
+        return "the model gateway stopped during the scoring"
+    if not failed:
+        return None
+    first = str(failed[0].get("error") or f"HTTP {failed[0].get('status')}")[:160]
+    return (f"the model backend failed on {len(failed)} of {len(rows)} model call(s) during the scoring: "
+            f"{first}")
 
 
 def _rows_from(path: Path, offset: int) -> list[dict[str, Any]]:

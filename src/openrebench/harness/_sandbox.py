@@ -203,7 +203,8 @@ class OpenRebenchSandbox(SandboxEnvironment):
                 grant = await anyio.to_thread.run_sync(lambda: models.agent(run))
                 install_forwarder(home.bin_dir)
                 home.gateway_mount.mkdir()
-                access = ModelAccess(models.service.socket_dir, SOCKET_NAME, grant.token)
+                assert grant.socket_dir is not None  # the service gives every grant its own socket
+                access = ModelAccess(grant.socket_dir, SOCKET_NAME, grant.token)
         except BaseException:
             if models is not None:
                 models.close()

@@ -232,6 +232,10 @@ class ScoringAccess:
     env: Mapping[str, str] = field(default_factory=dict)
     prefix: tuple[str, ...] = ()
     report: Callable[[], Mapping[str, Any]] | None = None
+    infrastructure: Callable[[], str | None] | None = None
+    """Called once the scorer has ended: what failed on the harness's side meanwhile (the model's
+    backend down, the gateway gone), in words, or None. A scoring it names is an infrastructure
+    failure whatever the scorer made of it: a score measured while the models failed measures them."""
 
 
 ScoringAccessFn = Callable[["Run", bool], AbstractContextManager[ScoringAccess | None]]
@@ -449,6 +453,11 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
                                 access=given)
             if given is not None and given.report is not None:
                 result.details.update(given.report())
+            failed = given.infrastructure() if given is not None and given.infrastructure else None
+            if failed and not result.details.get("infrastructure"):
+                details = {k: v for k, v in result.details.items() if k != "infrastructure"}
+                result = infrastructure_failure(failed, **details, scored_as={"raw": result.raw,
+                                                                              "message": result.message})
     return result, sha, notes
 
 
