@@ -625,6 +625,8 @@ def _limit(body: dict[str, Any], room: int | None) -> int:
     if n > MAX_CHOICES:
         raise _Refusal(400, f"'n' (times the prompts of a batch) is at most {MAX_CHOICES} through the "
                        "gateway", "invalid_request_error", "invalid_value")
+    if body.get("echo") is True and body.get("max_tokens") == 0:  # the prompt's log-probabilities alone
+        return 0
     caps = {k: v for k in ("max_tokens", "max_completion_tokens") if (v := _positive_int(body, k))}
     asked = min(caps.values()) if caps else None
     if room is None:

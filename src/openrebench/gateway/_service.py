@@ -31,6 +31,7 @@ from openrebench.api import LOCAL_MODEL
 from openrebench.base import OpenRebenchError
 
 from ._backends import Backend, InspectBackend, OpenAICompatibleBackend
+from ._likelihood import Likelihood, LocalModelBackend
 from ._local import LocalEndpoint, shared_local_server
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 
@@ -75,6 +76,7 @@ class ModelService:
         self._grants: dict[str, Grant] = {}  # by token: the serving gateway's
         self._local = contextlib.ExitStack()
         self._endpoint: LocalEndpoint | None = None
+        self._likelihood = Likelihood()  # the offline model's echo, loaded on its first request
         self._closed = False
         self.restarts = 0
 
@@ -116,9 +118,9 @@ class ModelService:
                     if self._endpoint is None:
                         self._endpoint = self._local.enter_context(shared_local_server())
                     e = self._endpoint
-                    found = RoleModel(OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
-                                                              usage_counts_one_choice=True,
-                                                              capacity=e.parallel), e.model, FREE)
+                    upstream = OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
+                                                       usage_counts_one_choice=True, capacity=e.parallel)
+                    found = RoleModel(LocalModelBackend(upstream, self._likelihood), e.model, FREE)
                 else:
                     found = RoleModel(InspectBackend(spec), spec)
                 self._models[spec] = found
@@ -216,6 +218,7 @@ class ModelService:
         self._local.close()
         self._local = contextlib.ExitStack()
         self._endpoint = None
+        self._likelihood.unload()
 
     def stop(self) -> None:
         """Stop serving (as a crash would, but cleanly): the next `ensure` starts it again."""

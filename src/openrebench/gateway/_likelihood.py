@@ -1,0 +1,186 @@
+"""Prompt log-probabilities of the offline model: what OpenAI's completions API gives with `echo`.
+
+A base model judges best by likelihood (how probable an answer is after a question, against how
+probable it is anyway), and OpenAI's legacy completions API, vLLM and lm-eval-harness ask for that with
+`echo=true, logprobs=0, max_tokens=0`: the prompt's own tokens with their log-probabilities. llama.cpp's
+server gives log-probabilities of generated tokens only, and forcing an answer through it one token at
+a time (a grammar or a logit bias) ran at 4 tokens/s on two cores. So echo requests to the offline
+model are served here instead, by the same weights in PyTorch: the GGUF dequantised once by
+transformers into a cached Hugging Face folder (bfloat16; about 540 MB), then one batched forward pass
+per request: about 250 tokens/s on two busy cores (the body in bfloat16 takes most of it), where a
+grammar through llama.cpp gave 4.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from openrebench.base import OpenRebenchError, cache_dir
+
+HF_FOLDER = "gemma-3-270m-hf"
+_BUILD_VERSION = "1"
+MAX_TEXT_TOKENS = 1024  # per prompt: a judge's question and answer fit many times over
+
+
+def hf_model_dir(cache: Path | None = None) -> Path:
+    """The offline model as a Hugging Face folder (safetensors, config, tokenizer), made once from the
+    GGUF: needs `gguf` and `accelerate` the first time (transformers' GGUF reader)."""
+    from ._local import local_model_path
+
+    folder = (cache or cache_dir()) / "models" / HF_FOLDER
+    done = folder / f".complete-{_BUILD_VERSION}"
+    if done.exists():
+        return folder
+    gguf = local_model_path(cache)
+    try:
+        import torch
+        from safetensors.torch import save_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:  # pragma: no cover - core dependencies
+        raise OpenRebenchError(f"the offline model's likelihoods need {e.name}") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    except (ImportError, ValueError) as e:
+        raise OpenRebenchError(f"cannot read {gguf.name} into PyTorch ({str(e).splitlines()[0][:200]}): "
+                               "pip install gguf accelerate") from None
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are dequantised: a plain model from here on
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"))
+    done.write_text("")
+    return folder
+
+
+class Likelihood:
+    """Log-probabilities of texts under the offline model, computed in batches, one call at a time
+    (PyTorch uses every core for one forward pass; two at once would only share them)."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._folder = folder
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> None:
+        if self._model is not None:
+            return
+        import torch
+        from safetensors.torch import load_model
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        folder = self._folder or hf_model_dir()
+        config = AutoConfig.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        load_model(model, str(folder / "model.safetensors"))
+        self._model = model.eval()
+        self._tokenizer = AutoTokenizer.from_pretrained(folder)
+
+    def echo(self, texts: list[str]) -> list[dict[str, Any]]:
+        """For each text, OpenAI's completions `logprobs` object for its own tokens: `tokens`,
+        `token_logprobs`, `text_offset`, and no `top_logprobs`. The model's start-of-text token is put
+        before each text (so even the first token has a log-probability) and is not listed."""
+        with self._lock:
+            self._load()
+            return [x for i in range(0, len(texts), 16) for x in self._one_batch(texts[i:i + 16])]
+
+    def unload(self) -> None:
+        """Let the weights go (the next request loads them again)."""
+        with self._lock:
+            self._model = self._tokenizer = None
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` (without the start token): what a request is metered by."""
+        with self._lock:
+            self._load()
+            return len(self._tokenizer(text, add_special_tokens=False).input_ids)
+
+    def _one_batch(self, texts: list[str]) -> list[dict[str, Any]]:
+        import torch
+
+        tok = self._tokenizer
+        encoded = [tok(t, add_special_tokens=False, return_offsets_mapping=True) for t in texts]
+        for e in encoded:
+            if len(e.input_ids) > MAX_TEXT_TOKENS:
+                raise ValueError(f"a prompt of {len(e.input_ids)} tokens is longer than the "
+                                 f"{MAX_TEXT_TOKENS} the offline model's echo takes")
+            if not e.input_ids:
+                raise ValueError("an empty prompt has no tokens to score")
+        bos = tok.bos_token_id
+        rows = [[bos, *e.input_ids] for e in encoded]
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        out = []
+        with torch.inference_mode():
+            hidden = self._model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            # Row k of a text predicts its token k: the rows before each text's last, in one product.
+            rows_of = [hidden[i, :len(e.input_ids)] for i, e in enumerate(encoded)]
+            targets = torch.tensor([t for e in encoded for t in e.input_ids])
+            logits = self._model.lm_head(torch.cat(rows_of))
+            # Fused in bfloat16: a float log-softmax over the 262k-token vocabulary took 20x longer
+            # (2 GB written for a batch); the result is rounded to bfloat16 (at most 0.07 nats off).
+            chosen = (-torch.nn.functional.cross_entropy(logits, targets, reduction="none").float()).tolist()
+        start = 0
+        for text, e in zip(texts, encoded, strict=True):
+            n = len(e.input_ids)
+            offsets = [int(a) for a, _ in e.offset_mapping]
+            pieces = [text[a:(offsets[k + 1] if k + 1 < n else len(text))] for k, a in enumerate(offsets)]
+            out.append({"tokens": pieces, "token_logprobs": chosen[start:start + n], "top_logprobs": None,
+                        "text_offset": offsets})
+            start += n
+        return out
+
+
+class LocalModelBackend:
+    """The offline model's backend: llama.cpp's server for everything but `echo` completions, which the
+    PyTorch copy scores (`Likelihood`). Only `max_tokens: 0` is taken with `echo` (the prompt alone)."""
+
+    def __init__(self, upstream: Any, likelihood: Likelihood) -> None:
+        self.upstream, self.likelihood = upstream, likelihood
+        self.name = upstream.name
+        self.capacity = upstream.capacity
+        self.usage_counts_one_choice = upstream.usage_counts_one_choice
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.upstream.chat(body)
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not body.get("echo"):
+            return await self.upstream.complete(body)
+        return await self._echo(body)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+    async def _echo(self, body: dict[str, Any]) -> dict[str, Any]:
+        import asyncio
+        import time
+        import uuid
+
+        from ._backends import BadRequest, Unsupported
+
+        if body.get("max_tokens") != 0:
+            raise Unsupported("the offline model echoes a prompt's log-probabilities with max_tokens 0 only "
+                              "(generate without echo)")
+        prompt = body.get("prompt")
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise BadRequest("'prompt' must be a string or a non-empty list of strings")
+        try:
+            scored = await asyncio.to_thread(self.likelihood.echo, prompts)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        want = body.get("logprobs") is not None
+        choices = [{"index": i, "text": p, "logprobs": s if want else None, "finish_reason": "length"}
+                   for i, (p, s) in enumerate(zip(prompts, scored, strict=True))]
+        tokens = sum(len(s["tokens"]) for s in scored)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.name, "choices": choices,
+                "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}}
