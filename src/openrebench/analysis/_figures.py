@@ -182,7 +182,8 @@ def budget_figure(a: Analysis) -> bytes | None:
                     shown.update({envs} if not g.is_human else set())
             for envs in sorted(shown):
                 for h in (h for h in a.groups if h.is_human):
-                    pts = [p for p in a.partial_humans if p.group == h.group and tuple(p.environments) == envs]
+                    pts = [p for p in a.partial_humans
+                           if p.group == h.group and tuple(p.environments) == envs]
                     _errorbar(ax, look, h, pts, lambda p: p.budget_h,
                               f"{look.label[h.group]} over the same {len(envs)} envs (hollow)")
             _hours_axis(ax, a.settings.budgets_h, "total time budget per environment (k runs × run length)")

@@ -23,8 +23,9 @@ import csv
 import math
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel
 
@@ -110,10 +111,14 @@ PUBLISHED: dict[str, Published] = {p.key: p for p in [
 ]}
 
 
-def _open(name: str, data_dir: Path | None):  # type: ignore[no-untyped-def]
+def packaged_file(name: str) -> Traversable:
+    """The packaged copy of one of the release's files."""
+    return resources.files("openrebench.analysis").joinpath("data", "rebench_paper", name)
+
+
+def _open(name: str, data_dir: Path | None) -> IO[str]:
     if data_dir is None:
-        return resources.files("openrebench.analysis").joinpath("data", "rebench_paper", name).open(
-            "r", encoding="utf-8", newline="")
+        return packaged_file(name).open("r", encoding="utf-8", newline="")
     return (Path(data_dir) / name).open("r", encoding="utf-8", newline="")
 
 
