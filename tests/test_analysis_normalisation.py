@@ -116,3 +116,15 @@ def test_a_persons_own_runs_give_score_over_time_and_scores_below_eight_hours(tm
 
     assert FIGURES["over_time"][1](a) is not None and "human (mini)" in FIGURES["over_time"][2](a)
     assert "from 2 h" in FIGURES["budget"][2](a) or "reached by then" in FIGURES["budget"][2](a)
+
+
+def test_each_run_and_its_score_log_rescale_by_the_ratio_of_the_two_gaps(tmp_path: Path) -> None:
+    log = runs_log(tmp_path / "r.eval", agent="react", model="openai/gpt-4o", hours=0.5,
+                   runs=[[(0.1, 0.2), (0.3, 0.5)], [(0.2, 0.0)]])
+    runs = load_logs([log]).attempts
+    c = runs[0].constants
+    assert c is not None
+    factor = (c.reference - c.start) / (KERNEL_PAPER[1] - KERNEL_PAPER[0])
+    assert [a.scores["measured"] for a in runs] == [0.5, 0.0]
+    assert [a.scores["paper"] for a in runs] == pytest.approx([0.5 * factor, 0.0])
+    assert [s for _, s in runs[0].trajectories["paper"]] == pytest.approx([0.0, 0.2 * factor, 0.5 * factor])

@@ -73,22 +73,24 @@ def altered_caption(a: Analysis) -> str:
 
 
 def groups_table(a: Analysis) -> TableSpec:
-    t = TableSpec("groups", "Runs by group", ["group", "kind", "scaffold", "runs", "environments",
-                                              "run lengths", "mean score", "> 0", "≥ reference",
-                                              "mean (measured)", "mean (paper-matched)", "agent tokens / run",
+    t = TableSpec("groups", "Runs by group", ["group", "kind", "runs", "environments", "run lengths",
+                                              "mean score", "> 0", "≥ reference", "agent tokens / run",
                                               "agent $ / run", "env model tokens / run", "env models $ / run",
                                               "GPU-h / run"],
-                  numeric=set(range(6, 16)) | {3},
+                  numeric=set(range(5, 13)) | {2},
                   caption="Final normalised scores of single runs (0 = starting solution, 1 = reference)."
-                          + _ours_on(a) + " Agent: the agent's own model calls (Inspect's usage). Env "
-                          "models: the environment's model calls through the harness's gateway, kept apart."
-                          + altered_caption(a))
+                          + _ours_on(a) + " Kind: ours (with the agent, our scaffold), the paper's two "
+                          "agents, or the release's other models (the release records no scaffold: each "
+                          "model pools its Modular and AIDE runs). Agent: the agent's own model calls "
+                          "(Inspect's usage). Env models: the environment's model calls through the "
+                          "harness's gateway, kept apart." + altered_caption(a))
+    kinds = {"human": "human", "paper agent": "paper's agent", "release model": "release only"}
     for g in a.groups:
         envs = f"{len(g.runs_by_env)}/{len(a.settings.environments)}"
-        t.rows.append([_marked(a, g.group), g.kind, g.scaffold or "—", str(g.runs), envs,
+        kind = kinds.get(g.kind) or (f"ours ({g.scaffold})" if g.scaffold else "ours")
+        t.rows.append([_marked(a, g.group), kind, str(g.runs), envs,
                        ", ".join(fmt_hours(x) for x in g.lengths_h),
                        _f(g.mean_score), f"{g.frac_nonzero:.0%}", f"{g.frac_ge_reference:.0%}",
-                       _f(g.mean_measured), _f(g.mean_paper),
                        _count(g.tokens_per_run), _money(g.cost_per_run_usd), _count(g.env_tokens_per_run),
                        _money(g.env_cost_per_run_usd), _f(g.gpu_hours_per_run)])
     return t
@@ -304,8 +306,8 @@ def normalisation_table(a: Analysis) -> TableSpec | None:
     if not a.normalisation:
         return None
     t = TableSpec("normalisation", "Our runs on both scales",
-                  ["group", "environment", "runs", "mean (measured)", "mean (paper-matched)", "start (raw)",
-                   "reference (raw)", "paper start → reference", "our reference, paper-matched"],
+                  ["group", "environment", "runs", "mean, measured", "mean, paper-matched", "start (raw)",
+                   "reference (raw)", "paper's start → reference", "our reference, paper-matched"],
                   numeric={2, 3, 4, 5, 6, 8},
                   caption="Measured: 0 = our start, 1 = our reference, both measured on our hardware. "
                           "Paper-matched: the improvement over our start in units of the paper's "
