@@ -263,18 +263,22 @@ def per_env_figure(a: Analysis) -> bytes | None:
                             marker=look.marker[g.group], ms=4, capsize=2, elinewidth=0.9,
                             label=look.label[g.group])
             ax.set_title(env)
-            _hours_axis(ax, [b for b in a.settings.budgets_h if b >= 0.5 or len(a.settings.budgets_h) < 8],
-                        "total budget" if i // ncols == nrows - 1 or i + ncols >= len(envs) else "")
+            budgets = a.settings.budgets_h
+            ticks = budgets if len(budgets) <= 5 else budgets[::2]  # every other one: room for the labels
+            bottom = i // ncols == nrows - 1 or i + ncols >= len(envs)
+            _hours_axis(ax, ticks, "total budget" if bottom else "")
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
             ax.set_ylim(bottom=0)
             if i % ncols == 0:
                 ax.set_ylabel("score@k")
             _style(ax)
         for j in range(len(envs), nrows * ncols):
-            axes[j // ncols][j % ncols].set_visible(False)
+            axes[j // ncols][j % ncols].remove()
         fig.suptitle("score@k by environment (each group's best split per budget, "
                      f"{a.settings.level:.0%} CI)")
-        spare = axes[-1][-1] if len(envs) < nrows * ncols else None
+        spare = None
+        if len(envs) < nrows * ncols:  # the legend takes the empty places of the last row
+            spare = fig.add_subplot(axes[0][0].get_gridspec()[nrows - 1, len(envs) % ncols:])
         _legend(fig, [ax for row in axes for ax in row][:len(envs)], ncols=2,
                 order=[look.label[g.group] for g in a.groups], into=spare)
         return _png(fig)
