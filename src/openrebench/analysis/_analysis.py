@@ -3,6 +3,7 @@ time and against cost. One pydantic result feeds the terminal tables, the JSON a
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
@@ -578,8 +579,6 @@ def analyze(data: Dataset, *, environments: Sequence[str] | None = None,
 
 def check_budgets(budgets: Sequence[float] | None, max_budget_h: float) -> None:
     """Budgets must be positive finite hours; one line otherwise."""
-    import math
-
     if not (math.isfinite(max_budget_h) and max_budget_h > 0):
         raise OpenRebenchError(f"bad --max-budget {max_budget_h:g} (hours must be a positive number)")
     for b in budgets or []:
