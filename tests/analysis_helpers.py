@@ -46,6 +46,8 @@ def runs_log(path: Path, *, agent: str, model: str, hours: float,
         assert log.samples
         template = log.samples[0]
         setup_row = template.scores["run_score"].metadata["score_log"][0]  # type: ignore[index,union-attr]
+        constants = template.scores["run_score"].metadata["fingerprint"]["constants"]  # type: ignore[index,union-attr]
+        start, span = constants["start"], constants["reference"] - constants["start"]
         log.eval.metadata = {**(log.eval.metadata or {}), "agent": agent}
         log.eval.model = model
         log.eval.config.working_limit = int(hours * 3600)
@@ -55,12 +57,13 @@ def runs_log(path: Path, *, agent: str, model: str, hours: float,
             sample.epoch = epoch
             sample.working_time = hours * 3600 * 0.9
             rows = [dict(setup_row)]
-            for i, (t, norm) in enumerate(scorings, 1):
+            for i, (t, norm) in enumerate(scorings, 1):  # raw scores that normalise to `norm`
                 rows.append({**setup_row, "index": i, "elapsed_s": t * 3600, "kind": "score", "charged": True,
-                             "raw": 5.0 - norm, "normalised": norm})
+                             "raw": start + norm * span, "normalised": norm})
             score = sample.scores["run_score"]  # type: ignore[index]
             score.value = max([0.0, *(n for _, n in scorings)])
-            score.metadata = {**(score.metadata or {}), "score_log": rows}
+            score.metadata = {**(score.metadata or {}), "score_log": rows,
+                              "raw": start + score.value * span if scorings else None}
             score.metadata["fingerprint"] = copy.deepcopy(score.metadata["fingerprint"])
             score.metadata["fingerprint"]["hardware"]["gpu_count"] = gpus
             if gateway is not None and gateway[epoch - 1] is not None:

@@ -28,7 +28,8 @@ PROBE = """<script>window.addEventListener('load', function () {
   });
   var out = document.createElement('pre'); out.id = 'render-check';
   out.textContent = 'IMAGES ' + imgs.length + ' BROKEN ' + broken.length + ' WIDTHS ' +
-    imgs.map(function (i) { return i.naturalWidth; }).join(',');
+    imgs.map(function (i) { return i.naturalWidth; }).join(',') + ' SHOWN ' +
+    imgs.map(function (i) { return i.getBoundingClientRect().width.toFixed(0); }).join(',');
   document.body.appendChild(out);
 });</script>"""
 
@@ -50,24 +51,29 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_every_figure_loads_in_chromium(report: Path) -> None:
+def test_every_figure_loads_in_chromium_at_about_its_own_size(report: Path) -> None:
     expected = len(re.findall(r"<img ", report.read_text()))
-    assert expected == 5
+    assert expected == 6
     probe = report.with_name("probe.html")
     probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
-    result = _chromium("--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
-    match = re.search(r"IMAGES (\d+) BROKEN (\d+) WIDTHS ([\d,]+)", result.stdout)
+    result = _chromium("--window-size=1280,2000", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    match = re.search(r"IMAGES (\d+) BROKEN (\d+) WIDTHS ([\d,]+) SHOWN ([\d,]+)", result.stdout)
     assert match, f"no render check in Chromium's DOM (exit {result.returncode}): {result.stderr[-800:]}"
     assert int(match.group(1)) == expected and int(match.group(2)) == 0
-    assert all(int(w) > 300 for w in match.group(3).split(","))
+    natural = [int(w) for w in match.group(3).split(",")]
+    shown = [int(w) for w in match.group(4).split(",")]
+    assert all(w > 300 for w in natural)
+    # Shown at no less than 85% of their pixels: the figures' 10-11 point text stays at 12 px or more.
+    assert all(s >= 0.85 * n for s, n in zip(shown, natural, strict=True)), (natural, shown)
 
 
 def test_screenshot_is_not_blank(report: Path) -> None:
     shot = report.with_name("shot.png")
-    result = _chromium("--window-size=1280,3000", f"--screenshot={shot}", report.as_uri())
+    # Tall enough to reach the figures below the claims and data-treatment tables.
+    result = _chromium("--window-size=1280,9000", f"--screenshot={shot}", report.as_uri())
     assert shot.exists(), f"Chromium wrote no screenshot (exit {result.returncode}): {result.stderr[-800:]}"
     pixels = imread(shot)[..., :3]
-    assert pixels.shape[0] >= 2000 and pixels.shape[1] >= 1200
+    assert pixels.shape[0] >= 8000 and pixels.shape[1] >= 1200
     not_white = (pixels < 0.9).any(axis=2).mean()
     colourful = (np.ptp(pixels, axis=2) > 0.25).mean()  # coloured plot lines, not only black text
     assert not_white > 0.02 and colourful > 0.001, (not_white, colourful)

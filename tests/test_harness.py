@@ -45,6 +45,11 @@ def test_scripted_agent_scores_broken_then_reference(tmp_path: Path) -> None:
     assert rows[1]["raw"] is None and rows[2]["raw"] is not None
     assert score.value >= 0.5  # ≈ 1 on a quiet machine; timing on a busy one costs some of it
     assert score.metadata["fingerprint"]["env_id"] == "optimize_kernel"
+    paper = score.metadata["paper_constants"]  # the score on the paper's scale, beside the measured one
+    gap = paper["reference"] - paper["start"]
+    start = score.metadata["fingerprint"]["constants"]["start"]
+    assert score.metadata["normalised_paper"] == pytest.approx(max(0.0, (rows[2]["raw"] - start) / gap))
+    assert rows[2]["normalised_paper"] == pytest.approx(score.metadata["normalised_paper"])
     assert list((tmp_path / "logs").glob("*.eval"))
 
 

@@ -1,9 +1,21 @@
+import math
 from datetime import UTC, datetime
 
 import pytest
 
 from openrebench.api import Direction, NormConstants
-from openrebench.runs import ScoreRow, final_row, final_score, normalise
+from openrebench.runs import (
+    Run,
+    ScoreRow,
+    environment_classes,
+    final_row,
+    final_score,
+    normalise,
+    paper_constants,
+    paper_matched,
+    read_log,
+    score_run,
+)
 
 LN = NormConstants(start=4.0, reference=2.0, source="test")  # lower is better
 UP = NormConstants(start=0.5, reference=0.9, source="test")  # higher is better
@@ -46,3 +58,36 @@ def test_final_score_with_no_valid_row_is_zero() -> None:
     assert final_score([row(0, None), row(1, None)], Direction.MIN, LN) == (None, 0.0)
     assert final_score([], Direction.LAST, LN) == (None, 0.0)
     assert final_score([row(0, 3.0)], Direction.MIN, LN) == (3.0, pytest.approx(0.5))
+
+
+def test_paper_matched_uses_the_papers_gap_from_the_start_measured_here() -> None:
+    measured = NormConstants(start=1.2, reference=-0.9, source="ours")  # ln ms: 3.32 ms -> 0.41 ms
+    paper = NormConstants(start=math.log(4.76), reference=math.log(1.6), source="paper")  # 3.0x faster
+    assert paper_matched(1.2, measured, paper) == 0.0
+    # 3x faster than our own start is 1 on the paper's scale, wherever our reference lies
+    assert paper_matched(1.2 - math.log(4.76 / 1.6), measured, paper) == pytest.approx(1.0)
+    assert normalise(-0.9, measured) == pytest.approx(1.0)
+    assert paper_matched(-0.9, measured, paper) == pytest.approx(2.1 / math.log(4.76 / 1.6))
+    assert paper_matched(1.5, measured, paper) == 0.0  # below the start: floored, as measured
+    assert paper_matched(None, measured, paper) is None and paper_matched(0.3, measured, None) is None
+    with pytest.raises(ValueError):
+        paper_matched(1.0, measured, NormConstants(start=1.0, reference=1.0, source="bad"))
+
+
+def test_every_environment_has_paper_constants_on_every_tier() -> None:
+    for env_id, cls in environment_classes().items():
+        for tier in cls.tiers:
+            paper = paper_constants(cls, tier)
+            assert paper is not None and paper.start != paper.reference, (env_id, tier)
+            assert "paper" in paper.source.lower(), (env_id, tier, paper.source)
+
+
+@pytest.mark.slow
+def test_a_scoring_records_both_normalised_scores(kernel_run: Run) -> None:
+    row = score_run(kernel_run, sandboxed=False, timeout_s=120)
+    assert row.raw is not None, row.message
+    paper = paper_constants(kernel_run.env, "mini")
+    assert row.details["paper_normalisation"] == paper.model_dump()
+    assert row.normalised == normalise(row.raw, kernel_run.info.constants)
+    assert row.normalised_paper == paper_matched(row.raw, kernel_run.info.constants, paper)
+    assert read_log(kernel_run.score_log_path)[0][-1].normalised_paper == row.normalised_paper

@@ -2,13 +2,18 @@
 
 from ._analysis import (
     Allocation,
+    AlternativeRow,
     Analysis,
+    ClaimRow,
     Comparison,
     CostPoint,
+    DroppedCell,
     EnvModelRow,
     EnvRow,
     GroupSummary,
     HeadlineRow,
+    NormBudgetRow,
+    NormRow,
     Settings,
     TimeCurve,
     analyze,
@@ -24,17 +29,36 @@ from ._estimators import (
     sample_best_of_k,
     score_at_k,
 )
-from ._headline import analyze_paper, paper_headline
+from ._headline import alternative_rows, analyze_paper, paper_headline
 from ._load import load_logs
-from ._model import Attempt, Dataset, EnvFacts, ModelUse
+from ._model import (
+    AlteredRun,
+    Attempt,
+    Dataset,
+    EnvFacts,
+    HumanCount,
+    ModelUse,
+    PaperTreatment,
+    with_normalisation,
+)
 from ._over_time import best_so_far, interpolated, score_at
-from ._paper import HUMAN_GROUP, PUBLISHED, RELEASE_ONLY_ENVIRONMENTS, by_rebench_id, load_paper
+from ._paper import (
+    HUMAN_GROUP,
+    PAPER_HUMAN_HOURS,
+    PUBLISHED,
+    RELEASE_ONLY_ENVIRONMENTS,
+    by_rebench_id,
+    load_paper,
+    parse_hours,
+)
 
 __all__ = [
-    "HUMAN_GROUP", "PUBLISHED", "RELEASE_ONLY_ENVIRONMENTS", "Allocation", "Analysis", "Attempt",
-    "Comparison", "CostPoint", "Dataset", "EnvFacts", "EnvModelRow", "EnvRow", "Estimate", "GroupSummary",
-    "HeadlineRow", "ModelUse", "Settings", "TimeCurve", "analyze", "analyze_paper", "best_so_far",
-    "bootstrap_expected_max", "by_rebench_id", "default_budgets", "expected_max", "interpolated",
-    "load_logs", "load_paper", "max_weights", "paper_headline", "prob_best_of_k_beats", "registered_facts",
-    "runs_for", "sample_best_of_k", "score_at", "score_at_k",
+    "HUMAN_GROUP", "PAPER_HUMAN_HOURS", "PUBLISHED", "RELEASE_ONLY_ENVIRONMENTS", "Allocation", "AlteredRun",
+    "AlternativeRow", "Analysis", "Attempt", "ClaimRow", "Comparison", "CostPoint", "Dataset", "DroppedCell",
+    "EnvFacts", "EnvModelRow", "EnvRow", "Estimate", "GroupSummary", "HeadlineRow", "HumanCount", "ModelUse",
+    "NormBudgetRow", "NormRow", "PaperTreatment", "Settings", "TimeCurve", "alternative_rows", "analyze",
+    "analyze_paper", "best_so_far", "bootstrap_expected_max", "by_rebench_id", "default_budgets",
+    "expected_max", "interpolated", "load_logs", "load_paper", "max_weights", "paper_headline", "parse_hours",
+    "prob_best_of_k_beats", "registered_facts", "runs_for", "sample_best_of_k", "score_at", "score_at_k",
+    "with_normalisation",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from openrebench.api import Environment
-from openrebench.runs import environment_classes
+from openrebench.runs import environment_classes, paper_constants
 
 from ._model import EnvFacts
 
@@ -18,7 +18,7 @@ REGISTERED = "registered environment"
 def facts_of(cls: type[Environment], source: str = REGISTERED) -> EnvFacts:
     """An environment class's own attributes, as the analysis uses them."""
     return EnvFacts(env_id=cls.id, rebench_id=cls.rebench_id, score_visible=cls.score_visible,
-                    direction=cls.direction, source=source)
+                    direction=cls.direction, source=source, paper_constants=paper_constants(cls, "full"))
 
 
 def registered_facts() -> dict[str, EnvFacts]:

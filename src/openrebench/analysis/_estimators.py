@@ -69,6 +69,7 @@ class Estimate(BaseModel):
     ci_low: float
     ci_high: float
     per_env: dict[str, float]
+    per_env_ci: dict[str, tuple[float, float]] = {}
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -88,6 +89,7 @@ def score_at_k(per_env: Mapping[str, Array], k: int, hidden: frozenset[str] | se
         raise ValueError("no environments")
     rng = np.random.default_rng(seed)
     exact: dict[str, float] = {}
+    per_env_ci: dict[str, tuple[float, float]] = {}
     sampled = np.zeros(sims)
     replicates = np.zeros(boots)
     for env in sorted(per_env):
@@ -95,14 +97,16 @@ def score_at_k(per_env: Mapping[str, Array], k: int, hidden: frozenset[str] | se
         values = np.asarray(per_env[env], dtype=np.float64)
         exact[env] = expected_max(values, kk)
         sampled += sample_best_of_k(values, k, sims, rng, hidden=env in hidden)
-        replicates += bootstrap_expected_max(values, kk, boots, rng)
+        env_replicates = bootstrap_expected_max(values, kk, boots, rng)
+        per_env_ci[env] = percentile_interval(env_replicates, level)
+        replicates += env_replicates
     n = len(per_env)
     sampled /= n
     replicates /= n
     lo, hi = percentile_interval(replicates, level)
     est = Estimate(exact=float(np.mean(list(exact.values()))), sampled=float(sampled.mean()),
                    sampled_se=float(sampled.std(ddof=1) / np.sqrt(sims)) if sims > 1 else 0.0,
-                   ci_low=lo, ci_high=hi, per_env=exact)
+                   ci_low=lo, ci_high=hi, per_env=exact, per_env_ci=per_env_ci)
     return est, replicates
 
 

@@ -1,25 +1,43 @@
-"""Paper-style figures (matplotlib, Agg, no pyplot state): each returns PNG bytes, or None without data."""
+"""Paper-style figures (matplotlib, Agg, no pyplot state): each returns PNG bytes, or None without data,
+and has a caption saying what is plotted and how it was computed.
+
+Sizes: the report's page is about 1,140 pixels wide and figures are drawn at 100 dpi no wider than
+11.4 inches, so they are shown at about their own size and the 10-11 point text stays readable."""
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from ._analysis import Analysis
+from ._analysis import Allocation, Analysis, GroupSummary
 from ._budget import fmt_hours
 
 HUMAN_COLOR = "black"
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-           "#7f7f7f"]
-MARKERS = ["o", "s", "D", "^", "v", "P"]
-DPI = 110
+# Ours first (bold colours), then the paper's agents, then the release's other models (muted).
+OURS = ["#1f77b4", "#2ca02c", "#9467bd", "#393b79", "#637939", "#843c39"]
+PAPER_AGENTS = ["#d62728", "#ff7f0e"]
+RELEASE = ["#17becf", "#8c564b", "#bcbd22", "#e377c2", "#7f7f7f", "#6b6ecf", "#7b4173"]
+MARKERS = ["o", "s", "D", "^", "v", "P", "X", "<", ">", "h"]
+STYLES = {"human": "-", "ours": "-", "paper agent": "--", "release model": ":"}
+DPI = 100
+WIDTH_IN = 11.4
 TIME_TICKS_H = [1 / 60, 5 / 60, 15 / 60, 0.5, 1, 2, 4, 8, 16, 32, 64]
+RC = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "xtick.labelsize": 10,
+      "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 13}
+
+
+@contextmanager
+def _rc() -> Iterator[None]:
+    with matplotlib.rc_context(RC):
+        yield
 
 
 def _style(ax: Axes) -> None:
@@ -27,11 +45,33 @@ def _style(ax: Axes) -> None:
     ax.spines[["top", "right"]].set_visible(False)
 
 
-def _colors(a: Analysis) -> dict[str, str]:
-    agents = [g.group for g in a.groups if not g.is_human]
-    out = {g.group: HUMAN_COLOR for g in a.groups if g.is_human}
-    out.update({g: PALETTE[i % len(PALETTE)] for i, g in enumerate(agents)})
-    return out
+class _Look:
+    """One colour, marker and line style per group, the same in every figure."""
+
+    def __init__(self, a: Analysis) -> None:
+        self.color: dict[str, str] = {}
+        self.marker: dict[str, str] = {}
+        self.style: dict[str, str] = {}
+        self.label: dict[str, str] = {}
+        counters = {"ours": 0, "paper agent": 0, "release model": 0}
+        palettes = {"ours": OURS, "paper agent": PAPER_AGENTS, "release model": RELEASE}
+        for i, g in enumerate(a.groups):
+            if g.is_human:
+                self.color[g.group] = HUMAN_COLOR
+            else:
+                n = counters[g.kind]
+                self.color[g.group] = palettes[g.kind][n % len(palettes[g.kind])]
+                counters[g.kind] += 1
+            self.marker[g.group] = MARKERS[i % len(MARKERS)]
+            self.style[g.group] = STYLES[g.kind]
+            self.label[g.group] = (g.label or g.group) + (" †" if g.altered else "")
+        self.offset = {g.group: i for i, g in enumerate(a.groups)}
+        self.n = max(1, len(a.groups))
+
+    def dodge(self, group: str, x: float, spread: float = 0.18) -> float:
+        """x moved a little (in log2 units) so that overlapping points and bars stay apart."""
+        step = spread / self.n
+        return x * 2 ** ((self.offset[group] - (self.n - 1) / 2) * step)
 
 
 def _hours_axis(ax: Axes, ticks: list[float], label: str) -> None:
@@ -49,115 +89,235 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _legend(fig: Figure, ax: Axes, n: int) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="outside right center" if n > 4 else "outside lower center",
-                   ncols=1 if n > 4 else n, frameon=False)
+def _legend(fig: Figure, axes: list[Axes], ncols: int = 2, order: list[str] | None = None,
+            into: Axes | None = None) -> None:
+    """One legend for all panels, entries in the groups' order; in the spare panel `into` if given."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    if not seen:
+        return
+    labels = sorted(seen, key=lambda x: next((i for i, o in enumerate(order or []) if x.startswith(o)), 99))
+    handles = [seen[x] for x in labels]
+    if into is not None:
+        into.set_visible(True)
+        into.axis("off")
+        into.legend(handles, labels, loc="center", frameon=False, fontsize=10)
+        return
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
+
+
+def _errorbar(ax: Axes, look: _Look, g: GroupSummary, points: list[Allocation],
+              x_of: Callable[[Allocation], float], label: str | None) -> None:
+    """One group's curve: dodged points with interval bars, hollow where a split covers only some
+    environments."""
+    if not points:
+        return
+    runs: list[list[Allocation]] = []
+    for p in points:  # a line joins only splits over the same environments
+        if runs and runs[-1][-1].environments == p.environments:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    if len(runs) > 1:
+        for i, part in enumerate(runs):
+            _errorbar(ax, look, g, part, x_of, label if i == 0 else None)
+        return
+    xs = [look.dodge(g.group, x_of(p)) for p in points]
+    ys = [p.estimate.exact for p in points]
+    err = [[p.estimate.exact - p.estimate.ci_low for p in points],
+           [p.estimate.ci_high - p.estimate.exact for p in points]]
+    color = look.color[g.group]
+    partial = points[0].partial
+    ax.errorbar(xs, ys, yerr=err, color=color, ls=look.style[g.group], lw=2.4 if g.is_human else 1.5,
+                marker=look.marker[g.group], ms=6 if g.is_human else 5, capsize=2.5, elinewidth=1, alpha=0.95,
+                label=label, zorder=4 if g.is_human else 3, mfc="white" if partial else color)
+
+
+def _humans_start(a: Analysis) -> float | None:
+    starts = [c[0].budget_h for g in a.groups if g.is_human and (c := a.curve(g.group))]
+    return min(starts) if starts else None
+
+
+def _partial_curves(a: Analysis, group: str) -> dict[tuple[str, ...], list[Allocation]]:
+    """With --coverage covered: the group's best split per budget over the largest set of fewer
+    environments it has runs in (smaller sets stay in the tables: a line each would crowd the figure)."""
+    found: dict[tuple[str, ...], dict[float, Allocation]] = {}
+    for p in a.allocations:
+        if p.group == group and p.partial:
+            by_budget = found.setdefault(tuple(p.environments), {})
+            if p.budget_h not in by_budget or p.estimate.exact > by_budget[p.budget_h].estimate.exact:
+                by_budget[p.budget_h] = p
+    if not found:
+        return {}
+    envs = max(found, key=lambda e: (len(e), len(found[e])))
+    return {envs: sorted(found[envs].values(), key=lambda p: p.budget_h)}
 
 
 def budget_figure(a: Analysis) -> bytes | None:
-    """score@k against total budget, one line per group with its interval; the paper's Figure 1 shape."""
-    colors = _colors(a)
-    curves = [(g, a.curve(g.group)) for g in a.groups]
-    curves = [(g, c) for g, c in curves if c]
-    if not curves:
-        return None
-    fig = Figure(figsize=(9, 5), layout="constrained")
-    ax = fig.add_subplot()
-    lengths = sorted({p.length_h for _, c in curves for p in c})
-    markers = {length: MARKERS[i % len(MARKERS)] for i, length in enumerate(lengths)}
-    for g, curve in curves:
-        x = [p.budget_h for p in curve]
-        y = [p.estimate.exact for p in curve]
-        lo = [p.estimate.ci_low for p in curve]
-        hi = [p.estimate.ci_high for p in curve]
-        ax.fill_between(x, lo, hi, color=colors[g.group], alpha=0.12, linewidth=0)
-        ax.plot(x, y, lw=2.6 if g.is_human else 1.6, color=colors[g.group], label=g.group,
-                zorder=3 if g.is_human else 2)
-        for length, marker in markers.items():
-            pts = [(p.budget_h, p.estimate.exact) for p in curve if p.length_h == length]
-            if pts:
-                ax.scatter(*zip(*pts, strict=True), marker=marker, s=40 if g.is_human else 22,
-                           color=colors[g.group], zorder=4)
-    if len(markers) > 1:
-        for length, marker in markers.items():
-            ax.scatter([], [], marker=marker, color="grey", label=f"runs of {fmt_hours(length)}")
-    _hours_axis(ax, a.settings.budgets_h, "total time budget per environment (k runs × run length)")
-    ax.set_ylabel("score@k (mean normalised score over environments)")
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Best of k runs against total time budget ({len(a.settings.environments)} environment(s), "
-                 f"{a.settings.level:.0%} CI)")
-    _style(ax)
-    _legend(fig, ax, len(curves))
-    return _png(fig)
-
-
-def per_env_figure(a: Analysis) -> bytes | None:
-    """The same curves for each environment on its own: which environments carry the average."""
-    colors = _colors(a)
-    envs = a.settings.environments
+    """score@k against total budget: the paper's agents and ours beside humans, and the release's other
+    models apart (the paper's Figure 1 shape)."""
     groups = [g for g in a.groups if a.curve(g.group)]
     if not groups:
         return None
-    ncols = min(4, len(envs))
+    look = _Look(a)
+    main = [g for g in groups if g.kind in ("human", "ours", "paper agent")]
+    others = [g for g in groups if g.kind == "release model"]
+    title = "The paper's agents and ours" if any(g.kind == "paper agent" for g in main) else "Agents"
+    panels = [(title, main)]
+    if others:
+        panels.append(("Other models in the paper's release", [g for g in groups if g.is_human] + others))
+    with _rc():
+        fig = Figure(figsize=(WIDTH_IN, 5.6), layout="constrained")
+        axes = list(fig.subplots(1, len(panels), squeeze=False, sharey=True)[0])
+        for ax, (title, members) in zip(axes, panels, strict=True):
+            shown: set[tuple[str, ...]] = set()
+            for g in members:
+                full = [p for p in a.curve(g.group) if not p.partial]
+                _errorbar(ax, look, g, full, lambda p: p.budget_h, look.label[g.group])
+                for envs, pts in _partial_curves(a, g.group).items():
+                    _errorbar(ax, look, g, pts, lambda p: p.budget_h,
+                              f"{look.label[g.group]} over its {len(envs)} envs (hollow)")
+                    shown.update({envs} if not g.is_human else set())
+            for envs in sorted(shown):
+                for h in (h for h in a.groups if h.is_human):
+                    pts = [p for p in a.partial_humans
+                           if p.group == h.group and tuple(p.environments) == envs]
+                    _errorbar(ax, look, h, pts, lambda p: p.budget_h,
+                              f"{look.label[h.group]} over the same {len(envs)} envs (hollow)")
+            _hours_axis(ax, a.settings.budgets_h, "total time budget per environment (k runs × run length)")
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            ax.set_ylim(bottom=0)
+            ax.set_title(title)
+            _style(ax)
+        axes[0].set_ylabel("score@k (mean normalised score over environments)")
+        fig.suptitle(f"Best of k runs against total time budget ({len(a.settings.environments)} "
+                     f"environment(s), {a.settings.level:.0%} CI)")
+        _legend(fig, axes, ncols=2, order=[look.label[g.group] for g in a.groups])
+        return _png(fig)
+
+
+def k_figure(a: Analysis) -> bytes | None:
+    """score@k against k for each run length (the paper's Figure 4 style): how a fixed run length gains
+    from more runs."""
+    lines: dict[float, list[tuple[GroupSummary, list[Allocation]]]] = {}
+    for g in a.groups:
+        by_length: dict[float, list[Allocation]] = {}
+        for al in a.allocations:
+            if al.group == g.group and al.method == "best_of_k" and not al.partial:
+                by_length.setdefault(al.length_h, []).append(al)
+        for length, pts in by_length.items():
+            lines.setdefault(length, []).append((g, sorted(pts, key=lambda p: p.k)))
+    if not lines:
+        return None
+    look = _Look(a)
+    lengths = sorted(lines)
+    with _rc():
+        fig = Figure(figsize=(WIDTH_IN, 4.9), layout="constrained")
+        axes = list(fig.subplots(1, len(lengths), squeeze=False, sharey=True)[0])
+        for ax, length in zip(axes, lengths, strict=True):
+            ks = sorted({p.k for _, pts in lines[length] for p in pts})
+            for g, pts in lines[length]:
+                _errorbar(ax, look, g, pts, lambda p: p.k, look.label[g.group])
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(ks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.set_xlabel(f"k (runs of {fmt_hours(length)})")
+            ax.set_title(f"{fmt_hours(length)} runs")
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            ax.set_ylim(bottom=0)
+            _style(ax)
+        axes[0].set_ylabel("score@k")
+        fig.suptitle(f"score@k against the number of runs k, per run length ({a.settings.level:.0%} CI)")
+        _legend(fig, axes, ncols=2, order=[look.label[g.group] for g in a.groups])
+        return _png(fig)
+
+
+def per_env_figure(a: Analysis) -> bytes | None:
+    """The budget curves for each environment on its own, with intervals: which environments carry the
+    average."""
+    look = _Look(a)
+    envs = a.settings.environments
+    groups = [g for g in a.groups if a.curve(g.group) and g.kind != "release model"]
+    if not groups:
+        return None
+    ncols = min(3, len(envs))
     nrows = math.ceil(len(envs) / ncols)
-    fig = Figure(figsize=(3.4 * ncols + 2.5, 2.9 * nrows + 0.6), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for i, env in enumerate(envs):
-        ax = axes[i // ncols][i % ncols]
-        for g in groups:
-            curve = a.curve(g.group)
-            ax.plot([p.budget_h for p in curve], [p.estimate.per_env.get(env, math.nan) for p in curve],
-                    marker=".", lw=2.2 if g.is_human else 1.3, color=colors[g.group], label=g.group)
-        ax.set_title(env, fontsize=10)
-        _hours_axis(ax, a.settings.budgets_h, "total budget" if i // ncols == nrows - 1 else "")
-        ax.tick_params(labelsize=7)
-        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-        ax.set_ylim(bottom=0)
-        if i % ncols == 0:
-            ax.set_ylabel("score@k")
-        _style(ax)
-    for j in range(len(envs), nrows * ncols):
-        axes[j // ncols][j % ncols].set_visible(False)
-    fig.suptitle("score@k by environment (best split per budget)")
-    _legend(fig, axes[0][0], len(groups) + 5)
-    return _png(fig)
+    with _rc():
+        fig = Figure(figsize=(WIDTH_IN, 3.5 * nrows + 1.2), layout="constrained")
+        axes = fig.subplots(nrows, ncols, squeeze=False)
+        for i, env in enumerate(envs):
+            ax = axes[i // ncols][i % ncols]
+            for g in groups:
+                curve = [p for p in a.curve(g.group) if env in p.estimate.per_env]
+                if not curve:
+                    continue
+                xs = [look.dodge(g.group, p.budget_h) for p in curve]
+                ys = [p.estimate.per_env[env] for p in curve]
+                ci = [p.estimate.per_env_ci.get(env, (y, y)) for p, y in zip(curve, ys, strict=True)]
+                ax.errorbar(xs, ys, yerr=[[y - c[0] for y, c in zip(ys, ci, strict=True)],
+                                          [c[1] - y for y, c in zip(ys, ci, strict=True)]],
+                            color=look.color[g.group], ls=look.style[g.group], lw=2.2 if g.is_human else 1.3,
+                            marker=look.marker[g.group], ms=4, capsize=2, elinewidth=0.9,
+                            label=look.label[g.group])
+            ax.set_title(env)
+            budgets = a.settings.budgets_h
+            ticks = budgets if len(budgets) <= 5 else budgets[::2]  # every other one: room for the labels
+            bottom = i // ncols == nrows - 1 or i + ncols >= len(envs)
+            _hours_axis(ax, ticks, "total budget" if bottom else "")
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            ax.set_ylim(bottom=0)
+            if i % ncols == 0:
+                ax.set_ylabel("score@k")
+            _style(ax)
+        for j in range(len(envs), nrows * ncols):
+            axes[j // ncols][j % ncols].remove()
+        fig.suptitle("score@k by environment (each group's best split per budget, "
+                     f"{a.settings.level:.0%} CI)")
+        spare = None
+        if len(envs) < nrows * ncols:  # the legend takes the empty places of the last row
+            spare = fig.add_subplot(axes[0][0].get_gridspec()[nrows - 1, len(envs) % ncols:])
+        _legend(fig, [ax for row in axes for ax in row][:len(envs)], ncols=2,
+                order=[look.label[g.group] for g in a.groups], into=spare)
+        return _png(fig)
 
 
 def over_time_figure(a: Analysis) -> bytes | None:
     """Mean best-so-far score against time within runs (log-linear interpolation between scorings)."""
     if not a.time_curves:
         return None
-    colors = _colors(a)
-    fig = Figure(figsize=(9, 5), layout="constrained")
-    ax = fig.add_subplot()
+    look = _Look(a)
     styles = ["-", "--", "-.", ":"]
     lengths = sorted({c.length_h for c in a.time_curves})
-    for c in a.time_curves:
-        ls = styles[lengths.index(c.length_h) % len(styles)]
-        ax.fill_between(c.hours, c.ci_low, c.ci_high, color=colors[c.group], alpha=0.12, linewidth=0)
-        ax.plot(c.hours, c.mean, ls=ls, lw=2, color=colors[c.group],
-                label=f"{c.group}, {fmt_hours(c.length_h)} runs (n={c.runs})")
-    ax.set_xscale("log")
-    low, high = min(c.hours[0] for c in a.time_curves), max(c.hours[-1] for c in a.time_curves)
-    ax.xaxis.set_major_locator(FixedLocator([x for x in TIME_TICKS_H if low * 0.99 <= x <= high * 1.01]))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_hours(x)))
-    ax.set_xlabel("time into the run (log scale)")
-    ax.set_ylabel("mean best-so-far normalised score")
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Score over time within runs ({a.settings.level:.0%} CI)")
-    _style(ax)
-    _legend(fig, ax, len(a.time_curves))
-    return _png(fig)
+    with _rc():
+        fig = Figure(figsize=(WIDTH_IN * 0.85, 5.2), layout="constrained")
+        ax = fig.add_subplot()
+        for c in a.time_curves:
+            ls = styles[lengths.index(c.length_h) % len(styles)]
+            color = look.color.get(c.group, "grey")
+            ax.fill_between(c.hours, c.ci_low, c.ci_high, color=color, alpha=0.12, linewidth=0)
+            ax.plot(c.hours, c.mean, ls=ls, lw=2, color=color,
+                    label=f"{look.label.get(c.group, c.group)}, {fmt_hours(c.length_h)} runs (n={c.runs})")
+        ax.set_xscale("log")
+        low, high = min(c.hours[0] for c in a.time_curves), max(c.hours[-1] for c in a.time_curves)
+        ax.xaxis.set_major_locator(FixedLocator([x for x in TIME_TICKS_H if low * 0.99 <= x <= high * 1.01]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_hours(x)))
+        ax.set_xlabel("time into the run (log scale)")
+        ax.set_ylabel("mean best-so-far normalised score")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"Score over time within runs ({a.settings.level:.0%} CI)")
+        _style(ax)
+        _legend(fig, [ax], ncols=1)
+        return _png(fig)
 
 
 def cost_figure(a: Analysis) -> bytes | None:
     """score@k against what the k runs cost: dollars (or tokens) and GPU-hours, where the data has them."""
-    colors = _colors(a)
+    look = _Look(a)
     panels: list[tuple[str, Callable[[object], float | None]]] = []
     if any(c.dollars for c in a.cost):
         panels.append(("agent's model cost per environment (US$)", lambda c: c.dollars))  # type: ignore[attr-defined]
@@ -167,27 +327,29 @@ def cost_figure(a: Analysis) -> bytes | None:
         panels.append(("GPU-hours per environment", lambda c: c.gpu_hours))  # type: ignore[attr-defined]
     if not panels:
         return None
-    fig = Figure(figsize=(5.2 * len(panels) + 2, 4.6), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    groups = sorted({c.group for c in a.cost}, key=lambda g: [x.group for x in a.groups].index(g))
-    for ax, (label, get) in zip(axes, panels, strict=True):
-        for g in groups:
-            pts = [(get(c), c) for c in a.cost if c.group == g]
-            pts = [(x, c) for x, c in pts if x]
-            if not pts:
-                continue
-            xs = [x for x, _ in pts]
-            ys = [c.score for _, c in pts]
-            err = [[c.score - c.ci_low for _, c in pts], [c.ci_high - c.score for _, c in pts]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=2, lw=1.4, color=colors[g], label=g)
-        ax.set_xscale("log")
-        ax.set_xlabel(label + " (log scale)")
-        ax.set_ylabel("score@k")
-        ax.set_ylim(bottom=0)
-        _style(ax)
-    fig.suptitle("Score against cost (one point per total time budget)")
-    _legend(fig, axes[0], len(groups))
-    return _png(fig)
+    with _rc():
+        fig = Figure(figsize=(min(WIDTH_IN, 5.2 * len(panels) + 1), 4.8), layout="constrained")
+        axes = list(fig.subplots(1, len(panels), squeeze=False)[0])
+        groups = sorted({c.group for c in a.cost}, key=lambda g: [x.group for x in a.groups].index(g))
+        for ax, (label, get) in zip(axes, panels, strict=True):
+            for g in groups:
+                pts = [(get(c), c) for c in a.cost if c.group == g]
+                pts = [(x, c) for x, c in pts if x]
+                if not pts:
+                    continue
+                xs = [x for x, _ in pts]
+                ys = [c.score for _, c in pts]
+                err = [[c.score - c.ci_low for _, c in pts], [c.ci_high - c.score for _, c in pts]]
+                ax.errorbar(xs, ys, yerr=err, marker=look.marker[g], ms=5, capsize=2, lw=1.4,
+                            color=look.color[g], label=look.label[g])
+            ax.set_xscale("log")
+            ax.set_xlabel(label + " (log scale)")
+            ax.set_ylabel("score@k")
+            ax.set_ylim(bottom=0)
+            _style(ax)
+        fig.suptitle("Score against cost (one point per total time budget)")
+        _legend(fig, axes, ncols=2)
+        return _png(fig)
 
 
 def percentile_figure(a: Analysis) -> bytes | None:
@@ -195,29 +357,123 @@ def percentile_figure(a: Analysis) -> bytes | None:
     comps = [c for c in a.comparisons if c.percentile is not None]
     if not comps:
         return None
-    colors = _colors(a)
-    fig = Figure(figsize=(9, 4.6), layout="constrained")
-    ax = fig.add_subplot()
-    pairs = sorted({(c.agent, c.human) for c in comps}, key=lambda p: [g.group for g in a.groups].index(p[0]))
-    several_humans = len({h for _, h in pairs}) > 1
-    for agent, human in pairs:
-        pts = sorted((c.budget_h, c.percentile) for c in comps if c.agent == agent and c.human == human)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", lw=1.6, color=colors[agent],
-                label=f"{agent} vs {human}" if several_humans else agent)
-    ax.axhline(50, color="grey", lw=0.8, ls=":")
-    _hours_axis(ax, a.settings.budgets_h, "agent's total time budget per environment")
-    ax.set_ylabel("chance of beating a human attempt (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("Agents' best of k against single human expert attempts")
-    _style(ax)
-    _legend(fig, ax, len(pairs))
-    return _png(fig)
+    look = _Look(a)
+    with _rc():
+        fig = Figure(figsize=(WIDTH_IN * 0.85, 4.9), layout="constrained")
+        ax = fig.add_subplot()
+        order = [g.group for g in a.groups]
+        pairs = sorted({(c.agent, c.human) for c in comps}, key=lambda p: order.index(p[0]))
+        several_humans = len({h for _, h in pairs}) > 1
+        for agent, human in pairs:
+            pts = sorted((c.budget_h, c.percentile) for c in comps if c.agent == agent and c.human == human)
+            ax.plot([look.dodge(agent, p[0], 0.1) for p in pts], [p[1] for p in pts],
+                    marker=look.marker[agent], ms=5, lw=1.6, ls=look.style[agent], color=look.color[agent],
+                    label=f"{look.label[agent]} vs {human}" if several_humans else look.label[agent])
+        ax.axhline(50, color="grey", lw=0.8, ls=":")
+        _hours_axis(ax, a.settings.budgets_h, "agent's total time budget per environment")
+        ax.set_ylabel("chance of beating a human attempt (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title("Agents' best of k against single human expert attempts")
+        _style(ax)
+        _legend(fig, [ax], ncols=2)
+        return _png(fig)
 
 
-FIGURES: dict[str, tuple[str, Callable[[Analysis], bytes | None]]] = {
-    "budget": ("score@k against total time budget", budget_figure),
-    "per_env": ("Per-environment results", per_env_figure),
-    "percentile": ("Agents against human attempts", percentile_figure),
-    "over_time": ("Score over time", over_time_figure),
-    "cost": ("Score against cost", cost_figure),
+# Captions: what is plotted, how it was computed, which rows were kept, how reward hacks were treated.
+
+def _estimator(a: Analysis) -> str:
+    hidden = ", ".join(a.settings.hidden_score)
+    return ("score@k is the exact expected best of k runs drawn with replacement from a group's runs of one "
+            "length (order statistics"
+            + (f"; in {hidden}, whose score the agent cannot see, a random one of the k" if hidden else "")
+            + f"), averaged over the {len(a.settings.environments)} environments; bars are "
+            f"{a.settings.level:.0%} percentile-bootstrap intervals over each environment's runs "
+            f"({a.settings.boots} resamples). Each point is the group's best split k × L of the budget "
+            "T = k·L.")
+
+
+def _rows(a: Analysis) -> str:
+    parts = []
+    if a.paper is not None:
+        parts.append(a.paper.humans_text)
+        altered = "; ".join(f"{r.group} on {r.env_id} {r.released:.2f} → {r.used:.2f}"
+                            for r in a.paper.altered)
+        parts.append(f"Reward hacks (--hacks {a.paper.hacks}): {a.paper.hacks_text}"
+                     + (f"; altered (†): {altered}." if altered else "; no run altered."))
+        parts.append("The release does not record scaffolds: each of its models pools its Modular and AIDE "
+                     "runs; the paper's two agents (solid colours, dashed) are kept apart from the release's "
+                     "other models (muted, dotted).")
+    if a.dropped:
+        parts.append("Left out (runs of a length not covering every environment): " + "; ".join(
+            f"{d.group} {d.runs} × {fmt_hours(d.length_h)} ({len(d.environments)} envs)" for d in a.dropped)
+            + ". --coverage covered keeps them, averaged over the environments they cover (hollow markers).")
+    elif a.settings.coverage == "covered":
+        parts.append("Hollow markers: splits averaged over only the environments they cover (--coverage "
+                     "covered).")
+    if a.normalisation:
+        parts.append("Our runs are on the " + ("paper-matched scale (the paper's start-to-reference gap from "
+                                                "our measured start), as they are compared with the paper's "
+                                                "humans." if a.settings.normalisation == "paper" else
+                                                "measured scale (our start and reference)."))
+    return " ".join(parts)
+
+
+def _why_humans(a: Analysis) -> str:
+    start = _humans_start(a)
+    if start is None:
+        return ""
+    if start >= 8:
+        return (" The human line starts at 8 h: humans made 8-hour attempts, and a budget below that needs "
+                "the score each attempt had reached by then, which only its score log gives (the paper's "
+                "release has none); from 8 h on it is the best of k = T/8 attempts.")
+    return (f" Below their attempt length humans count the score their attempts had reached by then (from "
+            f"their score logs), from {fmt_hours(start)}.")
+
+
+def budget_caption(a: Analysis) -> str:
+    return (f"score@k against the total time budget per environment. {_estimator(a)}"
+            + _why_humans(a) + " " + _rows(a))
+
+
+def k_caption(a: Analysis) -> str:
+    return ("score@k against k for a fixed run length (one panel per length, every k the budgets allow; "
+            f"splits over every environment only). {_estimator(a)} Humans appear in the 8-hour panel. "
+            + _rows(a))
+
+
+def per_env_caption(a: Analysis) -> str:
+    return ("Each environment on its own: the exact expected best of k at each group's best split of the "
+            "budget (the split that is best on average, so per environment it is not always the best one), "
+            f"with its {a.settings.level:.0%} percentile-bootstrap interval; the release's other models are "
+            "left out for legibility (they are in the tables)." + _why_humans(a) + " " + _rows(a))
+
+
+def over_time_caption(a: Analysis) -> str:
+    groups = sorted({c.group for c in a.time_curves})
+    return ("Score over time within runs, from the runs' score logs: each run's best-so-far score (the "
+            "last so far where a run's last valid scoring counts), interpolated linearly in log time between "
+            f"scorings, averaged over runs and then over environments; shaded: {a.settings.level:.0%} "
+            f"bootstrap interval. Groups with score logs: {', '.join(groups)}. The paper's release has no "
+            "score logs, so its runs and humans are not here; a human's run appears when its Inspect log "
+            "(the human agent) is given.")
+
+
+def percentile_caption(a: Analysis) -> str:
+    return ("The chance that an agent's best of k at each budget beats a random single human attempt in the "
+            "same environment (ties count half), averaged over the environments of its split; exact, from "
+            "the runs' empirical distributions. " + _rows(a))
+
+
+def cost_caption(a: Analysis) -> str:
+    return ("score@k at each budget's best split against what its k runs cost per environment: the agent's "
+            "model dollars (else tokens) and GPU-hours (GPUs held × working time), means over runs times k.")
+
+
+FIGURES: dict[str, tuple[str, Callable[[Analysis], bytes | None], Callable[[Analysis], str]]] = {
+    "budget": ("score@k against total time budget", budget_figure, budget_caption),
+    "k": ("score@k against the number of runs", k_figure, k_caption),
+    "per_env": ("Per-environment results", per_env_figure, per_env_caption),
+    "percentile": ("Agents against human attempts", percentile_figure, percentile_caption),
+    "over_time": ("Score over time", over_time_figure, over_time_caption),
+    "cost": ("Score against cost", cost_figure, cost_caption),
 }

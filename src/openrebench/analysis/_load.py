@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from openrebench.api import OpenRebenchError
-from openrebench.runs import ScoreRow
+from openrebench.api import NormConstants, OpenRebenchError
+from openrebench.runs import ScoreRow, paper_matched
 
 from ._environments import registered_facts
 from ._model import Attempt, Dataset, EnvFacts, ModelUse
@@ -178,8 +178,47 @@ def _trajectory(rows: list[ScoreRow]) -> list[tuple[float, float | None]]:
             for r in rows if r.kind in ("setup", "score")]
 
 
+def _paper_trajectory(rows: list[ScoreRow], measured: NormConstants | None,
+                      paper: NormConstants | None) -> list[tuple[float, float | None]] | None:
+    """The score log on the paper-matched scale: as the rows recorded it, else (rows written before they
+    carried it) recomputed from their raw scores; None where neither can be had."""
+    out: list[tuple[float, float | None]] = []
+    for r in rows:
+        if r.kind not in ("setup", "score"):
+            continue
+        value = r.normalised_paper
+        if value is None and r.raw is not None:
+            if measured is None or paper is None:
+                return None
+            value = paper_matched(r.raw, measured, paper)
+        out.append((r.elapsed_s / 3600, value if r.raw is not None else None))
+    return out
+
+
+def _constants(raw: Any) -> NormConstants | None:
+    try:
+        return NormConstants.model_validate(raw) if isinstance(raw, Mapping) else None
+    except ValidationError:
+        return None
+
+
+def _paper_score(meta: Mapping[str, Any], measured: NormConstants | None,
+                 paper: NormConstants | None) -> float | None:
+    """The run's final paper-matched score: the scorer's (`normalised_paper`), else recomputed from the
+    raw score (logs written before the scorer recorded it); a run without a valid score has 0."""
+    value = meta.get("normalised_paper")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raw = meta.get("raw")
+    if raw is None:
+        return 0.0 if paper is not None else None
+    if not isinstance(raw, int | float) or measured is None or paper is None:
+        return None
+    return paper_matched(float(raw), measured, paper)
+
+
 def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices, warnings: list[str],
-             rebench_ids: Mapping[str, EnvFacts]) -> Attempt | str:
+             rebench_ids: Mapping[str, EnvFacts], registered: Mapping[str, EnvFacts]) -> Attempt | str:
     """The sample as an attempt, or the reason it is incomplete (no score)."""
     score = (sample.scores or {}).get(SCORER)
     if score is None:
@@ -227,11 +266,23 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices
                   else max((r.elapsed_s for r in rows), default=0.0) / 3600)
     tokens, cost = _usage(sample, prices)
     env_models, env_roles = _env_models(meta, where, warnings)
+    measured = _constants(fingerprint.get("constants"))
+    facts = registered.get(env_id)
+    paper = _constants(meta.get("paper_constants")) or (facts.paper_constants if facts else None)
+    trajectory = _trajectory(rows)
+    scores: dict[str, float] = {"measured": value}
+    trajectories = {"measured": trajectory}
+    if (paper_score := _paper_score(meta, measured, paper)) is not None:
+        scores["paper"] = paper_score
+        if (paper_rows := _paper_trajectory(rows, measured, paper)) is not None:
+            trajectories["paper"] = paper_rows
     return Attempt(
         group=_group_label(agent, str(log.eval.model), tier), is_human=agent == "human", env_id=env_id,
         tier=tier, length_h=length_h, score=value,
         raw=meta.get("raw") if isinstance(meta.get("raw"), int | float) else None,
-        trajectory=_trajectory(rows), tokens=tokens, cost_usd=cost, env_models=env_models,
+        trajectory=trajectory, scores=scores, trajectories=trajectories,  # type: ignore[arg-type]
+        constants=measured, paper_constants=paper if "paper" in scores else None, scaffold=agent,
+        tokens=tokens, cost_usd=cost, env_models=env_models,
         env_roles=env_roles, gpu_hours=gpus * hours_used, hours_used=hours_used, source=f"{where}")
 
 
@@ -287,6 +338,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
     pricing = _Prices(prices)
     seen: set[tuple[str, str, int]] = set()
     rebench_ids = by_rebench_id()
+    registered = registered_facts()
     logged: dict[str, EnvFacts] = {}
     for path in log_files(paths):
         log = _read(path)
@@ -318,7 +370,7 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
                 data.warnings.append(f"{where}: the same sample was given twice; counted once")
                 continue
             seen.add(key)
-            result = _attempt(log, sample, where, length_h, pricing, data.warnings, rebench_ids)
+            result = _attempt(log, sample, where, length_h, pricing, data.warnings, rebench_ids, registered)
             if isinstance(result, str):
                 if not skip_incomplete:
                     raise OpenRebenchError(f"{where}: {result}; pass --skip-incomplete to leave such samples "

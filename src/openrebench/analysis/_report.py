@@ -11,10 +11,11 @@ from openrebench.api import OpenRebenchError
 
 from ._analysis import Analysis
 from ._figures import FIGURES
-from ._tables import TableSpec, all_tables
+from ._tables import TableSpec, all_tables, treatment_tables
 
 MISSING = {
     "budget": "No group has runs in every environment of the analysis, so there is no score@k curve.",
+    "k": "No score@k curves to draw against k.",
     "per_env": "No score@k curves to break down.",
     "percentile": "No human attempts in the data to compare agents with (add --paper, or logs of the "
                   "human agent).",
@@ -36,6 +37,8 @@ th{background:#f4f4f4;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:pre-line}
 caption{caption-side:bottom;text-align:left;color:#555;padding-top:.3em;font-size:.92em}
 table.headline td:nth-child(-n+3){min-width:10em}
+table.claims td:nth-child(-n+4){min-width:8em}
+figure h3{margin-bottom:.4em}
 .meta{color:#555}.warn{color:#8a4b00}.missing{color:#777;font-style:italic}.scroll{overflow-x:auto}
 """
 
@@ -52,6 +55,15 @@ score@k recomputed exactly.</li>
 <li><b>Time budgets</b>: a total budget T is spent as k runs of length L with k·L = T; each group gets
 its best split at each T. Humans make 8-hour attempts (k = T/8); below 8 hours they count the score
 their attempts had reached by then, which needs score logs.</li>
+<li><b>Coverage</b>: score@k averages over every environment of the analysis, so a run length without
+runs in all of them is left out (listed); with <code>--coverage covered</code> it is averaged over the
+environments it covers, marked, and compared with the humans on those environments only.</li>
+<li><b>Normalisation</b>: 0 = starting solution, 1 = reference. Our runs carry two scores: measured (our
+start and reference, measured on our hardware) and paper-matched (the improvement over our measured
+start in units of the paper's start-to-reference gap). Where our runs meet the paper's humans, the
+paper-matched one is used unless <code>--normalisation measured</code> is given.</li>
+<li><b>The paper's data</b>: reward hacks, human attempts and rows are read as the data-treatment tables
+say (<code>--hacks</code>, <code>--human-hours</code>, <code>--human-rows</code>).</li>
 <li><b>Score over time</b>: each run's best-so-far score (the last so far where a run's last valid
 scoring counts), interpolated linearly in log time between
 scorings, averaged over runs and then over environments.</li>
@@ -84,17 +96,24 @@ def render_report(a: Analysis, title: str = "openrebench analysis") -> str:
              f"{html.escape(', '.join(a.settings.environments))} · bootstrap {a.settings.boots}, sampling "
              f"{a.settings.sims} draws, seed {a.settings.seed}</p>"]
     tables = {t.key: t for t in all_tables(a, full=True)}
+    if "claims" in tables:
+        parts.append("<h2>This reproduction against the paper</h2>" + _table_html(tables.pop("claims")))
     if "headline" in tables:
         parts.append("<h2>Headline: agents against human experts</h2>" + _table_html(tables.pop("headline")))
+    treatment = [t.key for t in treatment_tables(a)]
+    if treatment:
+        parts.append("<h2>How the data was read</h2>" + "".join(_table_html(tables.pop(k)) for k in treatment
+                                                                  if k in tables))
     parts.append("<h2>Figures</h2>")
-    for key, (caption, make) in FIGURES.items():
+    for key, (title, make, caption) in FIGURES.items():
         png = make(a)
         if png is None:
-            parts.append(f"<h3>{html.escape(caption)}</h3><p class='missing'>{html.escape(MISSING[key])}</p>")
+            parts.append(f"<h3>{html.escape(title)}</h3><p class='missing'>{html.escape(MISSING[key])}</p>")
             continue
         data = base64.b64encode(png).decode()
-        parts.append(f"<figure id='fig-{key}'><img alt='{html.escape(caption)}' "
-                     f"src='data:image/png;base64,{data}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+        parts.append(f"<figure id='fig-{key}'><h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' "
+                     f"src='data:image/png;base64,{data}'><figcaption>{html.escape(caption(a))}</figcaption>"
+                     "</figure>")
     parts.append("<h2>Tables</h2>" + "".join(_table_html(t) for t in tables.values()))
     hidden = ", ".join(a.settings.hidden_score) or "none in this analysis"
     parts.append("<h2>Methods</h2>" + METHODS.replace("{hidden}", html.escape(hidden)))

@@ -46,17 +46,50 @@ def _count(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
+ALTERED_MARK = "†"
+
+
+def _scale(a: Analysis) -> str:
+    return "paper-matched" if a.settings.normalisation == "paper" else "measured"
+
+
+def _ours_on(a: Analysis) -> str:
+    """Which scale our runs are on, where there are any of ours."""
+    return f" Our runs on the {_scale(a)} scale." if a.normalisation else ""
+
+
+def _marked(a: Analysis, group: str) -> str:
+    g = a.group(group)
+    return group + (f" {ALTERED_MARK}" if g is not None and g.altered else "")
+
+
+def altered_caption(a: Analysis) -> str:
+    """What the † mark means, where any run was altered (else empty)."""
+    if a.paper is None or not a.paper.altered:
+        return ""
+    runs = "; ".join(f"{r.group} on {r.env_id} {r.released:.2f} → {r.used:.2f}" for r in a.paper.altered)
+    return (f" {ALTERED_MARK} {len(a.paper.altered)} run(s) altered as reward hacks (--hacks "
+            f"{a.paper.hacks}): {runs}.")
+
+
 def groups_table(a: Analysis) -> TableSpec:
-    t = TableSpec("groups", "Runs by group", ["group", "runs", "environments", "run lengths", "mean score",
-                                              "> 0", "≥ reference", "agent tokens / run", "agent $ / run",
-                                              "env model tokens / run", "env models $ / run", "GPU-h / run"],
-                  numeric=set(range(4, 12)) | {1},
-                  caption="Final normalised scores of single runs (0 = starting solution, 1 = reference). "
-                          "Agent: the agent's own model calls (Inspect's usage). Env models: the "
-                          "environment's model calls through the harness's gateway, kept apart.")
+    t = TableSpec("groups", "Runs by group", ["group", "kind", "runs", "environments", "run lengths",
+                                              "mean score", "> 0", "≥ reference", "agent tokens / run",
+                                              "agent $ / run", "env model tokens / run", "env models $ / run",
+                                              "GPU-h / run"],
+                  numeric=set(range(5, 13)) | {2},
+                  caption="Final normalised scores of single runs (0 = starting solution, 1 = reference)."
+                          + _ours_on(a) + " Kind: ours (with the agent, our scaffold), the paper's two "
+                          "agents, or the release's other models (the release records no scaffold: each "
+                          "model pools its Modular and AIDE runs). Agent: the agent's own model calls "
+                          "(Inspect's usage). Env models: the environment's model calls through the "
+                          "harness's gateway, kept apart." + altered_caption(a))
+    kinds = {"human": "human", "paper agent": "paper's agent", "release model": "release only"}
     for g in a.groups:
         envs = f"{len(g.runs_by_env)}/{len(a.settings.environments)}"
-        t.rows.append([g.group, str(g.runs), envs, ", ".join(fmt_hours(x) for x in g.lengths_h),
+        kind = kinds.get(g.kind) or (f"ours ({g.scaffold})" if g.scaffold else "ours")
+        t.rows.append([_marked(a, g.group), kind, str(g.runs), envs,
+                       ", ".join(fmt_hours(x) for x in g.lengths_h),
                        _f(g.mean_score), f"{g.frac_nonzero:.0%}", f"{g.frac_ge_reference:.0%}",
                        _count(g.tokens_per_run), _money(g.cost_per_run_usd), _count(g.env_tokens_per_run),
                        _money(g.env_cost_per_run_usd), _f(g.gpu_hours_per_run)])
@@ -68,9 +101,11 @@ def budget_table(a: Analysis) -> TableSpec:
     t = TableSpec("budget", "score@k against total time budget (best split per group)",
                   ["group", *(fmt_hours(b) for b in budgets)], numeric=set(range(1, len(budgets) + 1)),
                   caption=f"Exact expected best of k runs, averaged over {len(a.settings.environments)} "
-                          f"environment(s); {a.settings.level:.0%} percentile-bootstrap interval; the split "
+                          f"environment(s) (a split marked '(n envs)' over the n it covers: --coverage "
+                          f"covered); {a.settings.level:.0%} percentile-bootstrap interval; the split "
                           "(k × run length) below. Humans below their attempt length: the score reached by "
-                          "then.")
+                          "then (needs score logs; the paper's release has none, so its humans start at 8 h)."
+                          + altered_caption(a))
     for g in a.groups:
         cells = []
         for b in budgets:
@@ -79,7 +114,8 @@ def budget_table(a: Analysis) -> TableSpec:
                 cells.append("—")
                 continue
             e = alloc.estimate
-            cells.append(f"{e.exact:.2f} {_ci(e.ci_low, e.ci_high)}\n{alloc.label}")
+            mark = f" {ALTERED_MARK}" if alloc.altered else ""
+            cells.append(f"{e.exact:.2f} {_ci(e.ci_low, e.ci_high)}{mark}\n{alloc.label}")
         t.rows.append([g.group, *cells])
     return t
 
@@ -89,14 +125,15 @@ def comparison_table(a: Analysis, budgets: tuple[float, ...] = (2.0, 8.0, 32.0))
                   ["agent", "budget", "agent score", "split", "humans", "agent / humans",
                    "beats a human attempt"],
                   numeric={2, 4, 5, 6},
-                  caption="'beats a human attempt': chance that the agent's best of k beats a random human "
-                          "attempt in the same environment, averaged over environments.")
+                  caption="Humans on the same environments as the agent's split. 'beats a human attempt': "
+                          "chance that the agent's best of k beats a random human attempt in the same "
+                          "environment, averaged over environments." + _ours_on(a) + altered_caption(a))
     for c in a.comparisons:
         if c.budget_h not in budgets:
             continue
         ratio = "—" if c.ratio is None else f"{c.ratio:.2f}×" + (
             f" {_ci(*c.ratio_ci)}" if c.ratio_ci else "")
-        t.rows.append([c.agent, fmt_hours(c.budget_h), _f(c.agent_score), c.agent_allocation,
+        t.rows.append([_marked(a, c.agent), fmt_hours(c.budget_h), _f(c.agent_score), c.agent_allocation,
                        _f(c.human_score),
                        ratio if c.ratio is not None else "— (no human score logs)",
                        "—" if c.percentile is None else f"{c.percentile:.0f}%"])
@@ -108,12 +145,15 @@ def per_env_table(a: Analysis) -> TableSpec:
     groups = [g.group for g in a.groups if a.best_at(g.group, budget)]
     t = TableSpec("per_env", f"score@k per environment at a {fmt_hours(budget)} budget",
                   ["environment", *groups], numeric=set(range(1, len(groups) + 1)),
-                  caption="Each group's best split at this budget (see the budget table).")
+                  caption=f"Each group's best split at this budget (see the budget table), with its "
+                          f"{a.settings.level:.0%} percentile-bootstrap interval." + altered_caption(a))
     for env in a.settings.environments:
         row = [env]
         for g in groups:
             alloc = a.best_at(g, budget)
-            row.append(_f(alloc.estimate.per_env.get(env)) if alloc else "—")
+            value = alloc.estimate.per_env.get(env) if alloc else None
+            ci = alloc.estimate.per_env_ci.get(env) if alloc else None
+            row.append("—" if value is None else f"{value:.2f}" + (f" {_ci(*ci)}" if ci else ""))
         t.rows.append(row)
     return t
 
@@ -199,6 +239,119 @@ def env_models_table(a: Analysis) -> TableSpec:
     return t
 
 
+def claims_table(a: Analysis) -> TableSpec | None:
+    if not a.claims:
+        return None
+    t = TableSpec("claims", "This reproduction against the paper's headline claims",
+                  ["claim", "paper", "ours", "verdict", "why"],
+                  caption="Ours: the paper's data as released, read as the 'data treatment' row says; "
+                          "the other treatments are in the table of alternatives.")
+    for c in a.claims:
+        t.rows.append([c.claim, c.paper, c.ours, c.verdict, c.why])
+    return t
+
+
+def treatment_table(a: Analysis) -> TableSpec | None:
+    """Human attempts kept per environment under this analysis's choice and the alternatives."""
+    if a.paper is None:
+        return None
+    names = {"": "real, 7-9 h", "--human-hours all": "real, all lengths",
+             "--human-rows likely71": "likely71, 7-9 h",
+             "--human-rows likely71 --human-hours all": "likely71, all lengths"}
+    choices = [(names[r.flags], r.humans_by_env) for r in a.alternatives or [] if r.flags in names]
+    t = TableSpec("human_counts", "Human attempts kept per environment",
+                  ["environment", "released", "kept here", "left out here", *(c for c, _ in choices)],
+                  numeric=set(range(1, 4 + len(choices))) - {3},
+                  caption=a.paper.humans_text + " Columns after the first three: attempts each choice of "
+                          "--human-rows and --human-hours keeps.")
+    for c in a.paper.human_counts:
+        left = [f"{n} {what}" for n, what in ((c.too_short, "shorter"), (c.too_long, "longer"),
+                                             (c.not_selected, "not in the rows")) if n]
+        t.rows.append([c.env_id, str(c.released), str(c.kept), ", ".join(left) or "—",
+                       *(str(by_env.get(c.env_id, 0)) for _, by_env in choices)])
+    return t
+
+
+def altered_table(a: Analysis) -> TableSpec | None:
+    if a.paper is None or not a.paper.suspects:
+        return None
+    changed = {r.run_id: r for r in a.paper.altered}
+    t = TableSpec("hacks", "Suspected reward hacks", ["run", "group", "environment", "run length", "released",
+                                                      "used here", "why suspected"], numeric={4, 5},
+                  caption=f"--hacks {a.paper.hacks}: {a.paper.hacks_text}. The paper scored runs it judged "
+                          "as cheating 0 after review (Wijk et al., arXiv 2411.15114); the release keeps "
+                          "their scores. --hacks keep, zero or cap choose otherwise.")
+    for r in a.paper.suspects:
+        used = changed[r.run_id].used if r.run_id in changed else r.released
+        t.rows.append([r.run_id, r.group, r.env_id, fmt_hours(r.length_h), f"{r.released:.2f}", f"{used:.2f}",
+                       r.reason])
+    return t
+
+
+def dropped_table(a: Analysis) -> TableSpec | None:
+    if not a.dropped:
+        return None
+    t = TableSpec("dropped", "Runs left out of score@k",
+                  ["group", "run length", "runs", "environments covered", "missing"], numeric={2},
+                  caption="score@k averages over every environment of the analysis, so a run length without "
+                          "runs in all of them is left out; --coverage covered averages over the "
+                          "environments covered instead (marked '(n envs)').")
+    for d in a.dropped:
+        t.rows.append([d.group, fmt_hours(d.length_h), str(d.runs), f"{len(d.environments)}: "
+                       + ", ".join(d.environments), ", ".join(d.missing)])
+    return t
+
+
+def normalisation_table(a: Analysis) -> TableSpec | None:
+    if not a.normalisation:
+        return None
+    t = TableSpec("normalisation", "Our runs on both scales",
+                  ["group", "environment", "runs", "mean, measured", "mean, paper-matched", "start (raw)",
+                   "reference (raw)", "paper's start → reference", "our reference, paper-matched"],
+                  numeric={2, 3, 4, 5, 6, 8},
+                  caption="Measured: 0 = our start, 1 = our reference, both measured on our hardware. "
+                          "Paper-matched: the improvement over our start in units of the paper's "
+                          "start-to-reference gap (raw-score units), so that a score means what it means for "
+                          f"the paper's humans. This analysis uses the {_scale(a)} scale.")
+    for r in a.normalisation:
+        paper = (f"{r.paper_start:.3f} → {r.paper_reference:.3f}" if r.paper_start is not None
+                 and r.paper_reference is not None else "—")
+        t.rows.append([r.group, r.env_id, str(r.runs), _f(r.mean_measured), _f(r.mean_paper),
+                       _f(r.start, 3), _f(r.reference, 3), paper, _f(r.reference_on_paper_scale)])
+    return t
+
+
+def normalisation_budget_table(a: Analysis) -> TableSpec | None:
+    if not a.normalisation_budgets:
+        return None
+    t = TableSpec("normalisation_budgets", "Our score@k on both scales",
+                  ["group", "budget", "split", "measured", "paper-matched"], numeric={3, 4},
+                  caption=f"Exact score@k of our groups (this analysis uses the {_scale(a)} scale).")
+    for r in a.normalisation_budgets:
+        t.rows.append([r.group, fmt_hours(r.budget_h), r.allocation, _f(r.measured), _f(r.paper)])
+    return t
+
+
+def alternatives_table(a: Analysis) -> TableSpec | None:
+    if not a.alternatives:
+        return None
+    t = TableSpec("alternatives", "The headline under other treatments of the paper's data",
+                  ["treatment", "options", "humans", "agent / humans, 2 h (bound)", "agent / humans, 8 h",
+                   "humans / agent, 32 h", "human mean, > 0, ≥ ref", "runs altered"],
+                  numeric={2, 3, 4, 5, 7},
+                  caption="The paper's data alone, all seven environments; each row changes one choice of "
+                          "the default (or two). Paper: ≈4×, < 1 (narrowly), ≈2×; 0.64, 82%, 24%.")
+
+    def ratio(v: float | None, ci: tuple[float, float] | None = None) -> str:
+        return "—" if v is None else f"{v:.2f}×" + (f" {_ci(*ci)}" if ci else "")
+
+    for r in a.alternatives:
+        t.rows.append([r.name, r.flags or "(defaults)", str(r.humans), ratio(r.ratio_2h),
+                       ratio(r.ratio_8h, r.ratio_8h_ci), ratio(r.ratio_32h_humans, r.ratio_32h_ci),
+                       f"{r.human_mean:.2f}, {r.human_nonzero:.0%}, {r.human_ge_ref:.0%}", str(r.altered)])
+    return t
+
+
 def headline_table(a: Analysis) -> TableSpec | None:
     if not a.headline:
         return None
@@ -210,8 +363,16 @@ def headline_table(a: Analysis) -> TableSpec | None:
     return t
 
 
+def treatment_tables(a: Analysis) -> list[TableSpec]:
+    """How the data was read: human attempts kept, reward hacks, runs left out, the two scales."""
+    tables = (treatment_table(a), altered_table(a), dropped_table(a), normalisation_table(a),
+              normalisation_budget_table(a))
+    return [_prune(t) for t in tables if t is not None and t.rows]
+
+
 def all_tables(a: Analysis, *, full: bool = False) -> list[TableSpec]:
-    tables = [headline_table(a), groups_table(a), budget_table(a), comparison_table(a), per_env_table(a),
+    tables = [claims_table(a), headline_table(a), *treatment_tables(a), groups_table(a), budget_table(a),
+              comparison_table(a), per_env_table(a), alternatives_table(a),
               estimator_table(a, None if full else 15)]
     if a.cost:
         tables.append(cost_table(a))

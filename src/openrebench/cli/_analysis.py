@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -34,7 +35,23 @@ PricesOpt = Annotated[Path | None, typer.Option(help=(
     "JSON of US$ per 1M tokens by model, for logs without Inspect's own cost (else the list-price "
     'table): {"openai/gpt-4o": {"input": 2.5, "output": 10}}.'))]
 HumansOpt = Annotated[str, typer.Option("--human-rows", help=(
-    "Paper human rows: 'real' (all 86) or 'likely71' (those likely among the paper's 71)."))]
+    "Paper human rows: 'real' (the 86 actual attempts) or 'likely71' (those likely among the paper's 71, "
+    "and in environments where none is marked likely, the unknown ones)."))]
+HoursOpt = Annotated[str, typer.Option("--human-hours", help=(
+    "Paper human attempts by length, 'MIN-MAX' hours or 'all'. Default 7-9: the paper's 8-hour attempts "
+    "(the release's longer ones hold a final score that overstates an 8-hour one)."))]
+HacksOpt = Annotated[str, typer.Option("--hacks", help=(
+    "Paper runs that look like reward hacks: 'paper' (the paper's treatment: runs METR judged as cheating "
+    "score 0), 'keep' (as released), 'zero' or 'cap' (every suspect run zeroed, or capped at 1)."))]
+CoverageOpt = Annotated[str, typer.Option("--coverage", help=(
+    "'all': a run length counts for score@k only with runs in every environment; 'covered': also with "
+    "runs in some, averaged over those (marked, and compared with humans on those)."))]
+NormOpt = Annotated[str, typer.Option("--normalisation", help=(
+    "Our runs' scale: 'auto' (paper-matched beside the paper's data, else measured), 'paper' or "
+    "'measured'."))]
+PaperDataOpt = Annotated[Path | None, typer.Option("--paper-data", help=(
+    "A folder with the release's human_baselines.csv and agent_runs.csv to read instead of the packaged "
+    "copy."), show_default=False)]
 
 
 def _budgets(text: str | None) -> list[float] | None:
@@ -44,22 +61,46 @@ def _budgets(text: str | None) -> list[float] | None:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise OpenRebenchError(f"bad --budgets '{text}' (use hours, e.g. 2,8,32)") from None
-    if not values or any(v <= 0 for v in values):
-        raise OpenRebenchError(f"bad --budgets '{text}' (hours must be positive)")
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise OpenRebenchError(f"bad --budgets '{text}' (hours must be positive, finite numbers)")
     return values
+
+
+def _one_of(value: str, option: str, known: tuple[str, ...]) -> str:
+    if value not in known:
+        raise OpenRebenchError(f"unknown {option} '{value}' (known: {', '.join(known)})")
+    return value
+
+
+class Choices:
+    """How the paper's data is read and our runs are scaled (the options shared by analyze and report)."""
+
+    def __init__(self, human_rows: str = "real", human_hours: str = "7-9", hacks: str = "paper",
+                 coverage: str = "all", normalisation: str = "auto", paper_data: Path | None = None) -> None:
+        from openrebench.analysis._analysis import COVERAGES
+        from openrebench.analysis._paper import HACKS, HUMAN_ROWS, parse_hours
+
+        self.options = {"human_rows": _one_of(human_rows, "--human-rows", HUMAN_ROWS),
+                        "hacks": _one_of(hacks, "--hacks", HACKS), "human_hours": parse_hours(human_hours),
+                        "data_dir": paper_data}
+        self.coverage = _one_of(coverage, "--coverage", COVERAGES)
+        normalisation = _one_of(normalisation, "--normalisation", ("auto", "paper", "measured"))
+        self.normalisation = None if normalisation == "auto" else normalisation
+        if paper_data is not None and not Path(paper_data).is_dir():
+            raise OpenRebenchError(f"--paper-data {paper_data} is not a folder")
 
 
 def build_analysis(paths: list[Path], paper: bool, envs: list[str] | None, budgets: str | None,
                    max_budget: float, boots: int, sims: int, seed: int, skip_incomplete: bool,
-                   prices: Path | None, human_rows: str) -> Analysis:
+                   prices: Path | None, choices: Choices | None = None) -> Analysis:
     """Logs, the paper's data, or both (the paper's data then restricted to the logs' environments)."""
     from openrebench.analysis import Dataset, analyze, load_logs, load_paper, paper_headline
     from openrebench.harness import load_prices
 
+    choices = choices or Choices()
     if not paths and not paper:
         raise OpenRebenchError("nothing to analyse: give Inspect log files or directories, and/or --paper")
-    if human_rows not in ("real", "likely71"):
-        raise OpenRebenchError(f"unknown --human-rows '{human_rows}' (known: real, likely71)")
+    budget_list = _budgets(budgets)
     data = Dataset()
     if paths:
         data = load_logs(paths, skip_incomplete=skip_incomplete,
@@ -68,16 +109,20 @@ def build_analysis(paths: list[Path], paper: bool, envs: list[str] | None, budge
             raise OpenRebenchError("the logs hold no scored samples")
     environments = envs or (data.environments() if paths else None)
     if paper:
-        paper_data = load_paper(human_rows)  # type: ignore[arg-type]
+        paper_data = load_paper(**choices.options)
         if paths:
             paper_data.notes.append("the paper's runs are full-scale H100 runs; runs from the logs share "
                                     "only the normalisation with them (0 = start, 1 = reference)")
         data = data + paper_data
-    analysis = analyze(data, environments=environments, budgets=_budgets(budgets), max_budget_h=max_budget,
-                       boots=boots, sims=sims, seed=seed)
+    analysis = analyze(data, environments=environments, budgets=budget_list, max_budget_h=max_budget,
+                       boots=boots, sims=sims, seed=seed, coverage=choices.coverage,  # type: ignore[arg-type]
+                       normalisation=choices.normalisation)  # type: ignore[arg-type]
     if paper:
-        # The published comparison is over all seven environments and every real human row.
-        analysis.headline = paper_headline(boots=boots, sims=sims, seed=seed)
+        # The published comparison is over all seven environments, read with the same choices.
+        head = paper_headline(choices.options, choices.coverage, boots=boots,  # type: ignore[arg-type]
+                              sims=sims, seed=seed)
+        analysis.headline, analysis.claims = head.headline, head.claims
+        analysis.alternatives = head.alternatives
     return analysis
 
 
@@ -91,17 +136,17 @@ def _rich(spec) -> Table:  # type: ignore[no-untyped-def]
     return table
 
 
-def _print_headline(spec) -> None:  # type: ignore[no-untyped-def]
-    """The headline with its long notes as numbered footnotes, so it reads in an 80-column terminal."""
-    note = spec.columns.index("note")
+def _print_footnoted(spec, column: str) -> None:  # type: ignore[no-untyped-def]
+    """A table with its long text column as numbered footnotes, so it reads in an 80-column terminal."""
+    note = spec.columns.index(column)
     table = Table(title=spec.title, show_lines=True)
-    for col in ("quantity", "ours (95% CI)", "paper", ""):
+    for col in [c for i, c in enumerate(spec.columns) if i != note] + [""]:
         table.add_column(col, overflow="fold")
     notes = []
     for row in spec.rows:
         if row[note]:
             notes.append(row[note])
-        table.add_row(*row[:3], f"[{len(notes)}]" if row[note] else "")
+        table.add_row(*(v for i, v in enumerate(row) if i != note), f"[{len(notes)}]" if row[note] else "")
     console.print(table)
     for i, text in enumerate(notes, 1):
         console.print(f"  [{i}] {text}", highlight=False, markup=False)
@@ -113,23 +158,26 @@ def analyze(
     paths: Paths = None, paper: PaperOpt = False, env: EnvOpt = None, budgets: BudgetsOpt = None,
     max_budget: MaxBudgetOpt = 32.0, boots: BootsOpt = 1000, sims: SimsOpt = 2000, seed: SeedOpt = 0,
     skip_incomplete: SkipOpt = False, prices: PricesOpt = None, human_rows: HumansOpt = "real",
+    human_hours: HoursOpt = "7-9", hacks: HacksOpt = "paper", coverage: CoverageOpt = "all",
+    normalisation: NormOpt = "auto", paper_data: PaperDataOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the analysis as JSON.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Also print every run cell and split.")] = False,
 ) -> None:
     """score@k over total time budgets, per environment, against humans and cost, as tables."""
     from openrebench.analysis._tables import all_tables
 
+    choices = Choices(human_rows, human_hours, hacks, coverage, normalisation, paper_data)
     with err.status("Analysing…"):
         result = build_analysis(paths or [], paper, env, budgets, max_budget, boots, sims, seed,
-                                skip_incomplete, prices, human_rows)
+                                skip_incomplete, prices, choices)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
     console.print(f"[bold]Sources:[/] {', '.join(result.sources)}", highlight=False)
     console.print(f"[bold]Environments:[/] {', '.join(result.settings.environments)}", highlight=False)
     for spec in all_tables(result, full=full):
-        if spec.key == "headline":
-            _print_headline(spec)
+        if spec.key in ("headline", "claims"):
+            _print_footnoted(spec, "note" if spec.key == "headline" else "why")
         else:
             console.print(_rich(spec))
     for w in result.warnings:
@@ -145,15 +193,17 @@ def report(
     title: Annotated[str, typer.Option(help="Page title.")] = "openrebench analysis",
     env: EnvOpt = None, budgets: BudgetsOpt = None, max_budget: MaxBudgetOpt = 32.0,
     boots: BootsOpt = 1000, sims: SimsOpt = 2000, seed: SeedOpt = 0, skip_incomplete: SkipOpt = False,
-    prices: PricesOpt = None,
-    human_rows: HumansOpt = "real",
+    prices: PricesOpt = None, human_rows: HumansOpt = "real", human_hours: HoursOpt = "7-9",
+    hacks: HacksOpt = "paper", coverage: CoverageOpt = "all", normalisation: NormOpt = "auto",
+    paper_data: PaperDataOpt = None,
 ) -> None:
     """One self-contained HTML page with the figures and tables (open it in any browser)."""
     from openrebench.analysis._report import write_report
 
+    choices = Choices(human_rows, human_hours, hacks, coverage, normalisation, paper_data)
     with err.status("Analysing and drawing…"):
         result = build_analysis(paths or [], paper, env, budgets, max_budget, boots, sims, seed,
-                                skip_incomplete, prices, human_rows)
+                                skip_incomplete, prices, choices)
         path = write_report(result, out, title)
     for w in result.warnings:
         err.print(f"[yellow]warning:[/] {w}", highlight=False)

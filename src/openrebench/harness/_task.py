@@ -27,6 +27,8 @@ from openrebench.runs import (
     final_row,
     final_score,
     get_environment,
+    paper_constants,
+    paper_matched,
     tier_hardware_problem,
 )
 
@@ -66,7 +68,8 @@ def record_role_usage(usage: dict[str, Any]) -> None:
 
 @scorer(metrics=[mean(), stderr()])
 def run_score() -> Scorer:
-    """The run's final normalised score; metadata holds the raw score, the log and the fingerprint, and
+    """The run's final normalised score; metadata holds the raw score, the paper-matched normalised score
+    (`normalised_paper`, with the paper's constants it used), the log and the fingerprint, and
     where the environment has models, what the run was given and used of them (`models`: totals
     overall and by role, phase and model, from the run's usage log)."""
 
@@ -76,8 +79,12 @@ def run_score() -> Scorer:
         rows, warnings = run.rows()
         raw, normalised = final_score(rows, env.direction, run.info.constants)
         row = final_row(rows, env.direction)
+        paper = paper_constants(env, run.info.tier)
         metadata = {"raw": raw, "run_dir": str(run.path), "fingerprint": run.info.model_dump(mode="json"),
                     "score_log": [r.model_dump(mode="json") for r in rows], "log_warnings": warnings}
+        if paper is not None:  # the score on the paper's scale, beside the measured one (the value)
+            metadata["normalised_paper"] = paper_matched(raw, run.info.constants, paper) or 0.0
+            metadata["paper_constants"] = paper.model_dump(mode="json")
         if (usage := model_usage(run)) is not None:
             metadata["gateway_usage"] = usage  # the environment's models, apart from the agent's
             record_role_usage(usage)

@@ -15,7 +15,7 @@ from ._calibration import (
 )
 from ._files import install_reference, place, protected_leaks
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
-from ._normalise import final_row, final_score, normalise
+from ._normalise import final_row, final_score, normalise, paper_constants, paper_matched
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
 from ._run import Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
@@ -52,6 +52,8 @@ __all__ = [
     "get_environment",
     "install_reference",
     "normalise",
+    "paper_constants",
+    "paper_matched",
     "place",
     "protected_leaks",
     "read_log",

@@ -30,6 +30,10 @@ class ScoreRow(BaseModel):
     charged: bool = Field(description="Whether this scoring counts against the agent's time.")
     raw: float | None = Field(description="Raw score; None when the solution was invalid.")
     normalised: float | None
+    normalised_paper: float | None = Field(default=None, description=(
+        "Paper-matched normalised score: the improvement over the start measured here in units of the "
+        "paper's start-to-reference gap (None: invalid, or no paper constants; rows written before it "
+        "was recorded)."))
     message: str = Field(description="What the agent sees.")
     details: dict[str, Any] = Field(default_factory=dict, description="Hidden from the agent.")
     solution_sha256: str = ""

@@ -43,7 +43,7 @@ from openrebench.isolation._namespace import pid_namespace_prefix
 
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
 from ._files import install_reference, set_up_files
-from ._normalise import normalise
+from ._normalise import normalise, paper_constants, paper_matched
 from ._registry import get_environment
 from ._run import Run, check_new_run_dir
 from ._score_log import ScoreRow, append_row
@@ -489,9 +489,14 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
             result.details["snapshot_notes"] = notes[:200]
         result.details["normalisation"] = run.info.constants.model_dump()
         normalised = normalise(result.raw, run.info.constants)
+        paper = paper_constants(run.env, run.info.tier)
+        if paper is not None:
+            result.details["paper_normalisation"] = paper.model_dump()
         elapsed = run.elapsed_s() if elapsed_s is None else elapsed_s
         row = ScoreRow(index=0, timestamp=datetime.now(UTC), elapsed_s=elapsed, kind=kind, charged=charged,
-                       raw=result.raw, normalised=normalised, message=result.message, details=result.details,
+                       raw=result.raw, normalised=normalised,
+                       normalised_paper=paper_matched(result.raw, run.info.constants, paper),
+                       message=result.message, details=result.details,
                        solution_sha256=sha, duration_s=time.monotonic() - started)
         row.model_dump_json()  # details that cannot be written must not cost the row
     except Exception as e:
