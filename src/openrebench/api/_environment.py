@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import string
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -172,6 +172,21 @@ class ShippedData(BaseModel):
                                                                      "benchmarks to record.")
 
 
+class ModelAccess(Protocol):
+    """How a process of the harness reaches a run's models (the gateway), for hooks that start one: put
+    `prefix` before its command and `env` into its environment (it then finds OPENAI_BASE_URL and
+    OPENAI_API_KEY set); `models` names each role's model (role: model spec)."""
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+    @property
+    def prefix(self) -> tuple[str, ...]: ...
+
+    @property
+    def models(self) -> Mapping[str, str]: ...
+
+
 class Environment(ABC, Generic[P]):
     """One RE-Bench environment: a small class plus the files in its folder.
 
@@ -239,6 +254,30 @@ class Environment(ABC, Generic[P]):
         `cache_dir`. MAY take long the first time: a build of more than a few seconds reports its steps
         with `openrebench.api.stage` (a cached one says nothing). Most environments need nothing.
         """
+
+    @property
+    def builds_with_models(self) -> bool:
+        """Whether this environment implements `build_with_models`."""
+        return type(self).build_with_models is not Environment.build_with_models
+
+    def build_with_models(self, tier: str, cache_dir: Path, access: ModelAccess) -> None:  # optional
+        """Build the assets that need the tier's models: a model trained against the tier's judge, say.
+
+        Called in the harness process right after `build_assets`, at set-up (and wherever `files` is
+        about to be asked for the files it builds), for tiers that declare `models`, with `access` to the
+        run's models (granted for this call, with the scoring's budget). The same contract as
+        `build_assets` (idempotent, cheap once built, writes only under `cache_dir`), and the cache MUST
+        be keyed by the models it used (`access.models`), since other models give other assets. Code it
+        runs that calls a model runs as a child process started through `access`.
+        """
+
+    def model_files(self, tier: str, cache_dir: Path, models: Mapping[str, str]) -> RunFiles:  # optional
+        """The files `build_with_models` built for `models` (role: model spec, the run's), placed after
+        `files`' own: what the run gets that depends on its models (a starting model trained against its
+        judge, the reference trained against it). Called wherever `files` is, with the run's models;
+        raises OpenRebenchError where they are not built. The default: none."""
+        self.tier(tier)
+        return RunFiles()
 
     @property
     def builds_shipped_data(self) -> bool:

@@ -187,7 +187,7 @@ class RunModels:
 
         try:
             yield ScoringAccess(binds=binds, env={"OPENAI_API_KEY": grant.token}, prefix=tuple(prefix),
-                                report=report, infrastructure=infrastructure)
+                                report=report, infrastructure=infrastructure, models=dict(self.models))
         finally:
             self.service.revoke(grant.token)
 

@@ -13,7 +13,7 @@ from ._calibration import (
     shipped_calibration_dir,
     user_calibration_dir,
 )
-from ._files import install_reference, place, protected_leaks
+from ._files import install_reference, place, protected_leaks, run_files
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._normalise import final_row, final_score, normalise, paper_constants, paper_matched
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
@@ -58,6 +58,7 @@ __all__ = [
     "protected_leaks",
     "read_log",
     "refresh",
+    "run_files",
     "run_scorer",
     "save_record",
     "score_run",

@@ -8,11 +8,15 @@ import shutil
 import stat
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from openrebench.api import Environment, OpenRebenchError, Placement
+from openrebench.api import Environment, OpenRebenchError, Placement, RunFiles
 from openrebench.base import cache_dir as default_cache_dir
 
 from ._run import Run
+
+if TYPE_CHECKING:
+    from ._scoring import ScoringAccessFn
 
 
 def place(entries: Sequence[Placement], root: Path) -> list[str]:
@@ -83,13 +87,14 @@ def protected_leaks(workspace: Path, protected: Path, public: Collection[str] = 
     return leaks
 
 
-def set_up_files(run: Run, env: Environment, cache_dir: Path) -> None:
-    """Fill a new run's workspace and protected folder: the tier's assets built, its declared files
-    placed, then the files the environment writes per run; refuses a workspace that holds protected
-    data."""
+def set_up_files(run: Run, env: Environment, cache_dir: Path,
+                 access: ScoringAccessFn | None = None) -> None:
+    """Fill a new run's workspace and protected folder: the tier's assets built (those that need the
+    tier's models through `access`, granted for the build), its declared files placed, then the files
+    the environment writes per run; refuses a workspace that holds protected data."""
     tier = run.info.tier
-    env.build_assets(tier, cache_dir)
-    files = env.files(tier, cache_dir)
+    build_assets(run, env, cache_dir, access)
+    files = run_files(run, cache_dir)
     place(files.workspace, run.workspace)
     public: set[str] = set()
     for entry in files.protected:
@@ -101,9 +106,37 @@ def set_up_files(run: Run, env: Environment, cache_dir: Path) -> None:
                                "(a protected entry the agent may see is declared public)")
 
 
+def build_assets(run: Run, env: Environment, cache_dir: Path, access: ScoringAccessFn | None = None) -> None:
+    """The run's tier's assets: `build_assets`, then `build_with_models` where the environment builds
+    with its tier's models (which `access` gives; without it, a one-line error)."""
+    tier = run.info.tier
+    env.build_assets(tier, cache_dir)
+    if not (env.builds_with_models and env.tier(tier).models):
+        return
+    if access is None:
+        roles = ", ".join(env.tier(tier).models)
+        raise OpenRebenchError(f"{env.id} ({tier}) builds assets with its models ({roles}), and none were "
+                               "given to this set-up")
+    with access(run, False) as given:
+        if given is None:
+            raise OpenRebenchError(f"{env.id} ({tier}) builds assets with its models, and none were granted")
+        env.build_with_models(tier, cache_dir, given)
+
+
 def install_reference(run: Run, cache_dir: Path | None = None) -> list[str]:
     """Write the run's reference solution over its workspace (for the demo, calibration and tests);
     returns the paths written. The tier is the run's; its assets must be built (the run's set-up
     built them)."""
-    env = run.env
-    return place(env.files(run.info.tier, cache_dir or default_cache_dir()).reference, run.workspace)
+    return place(run_files(run, cache_dir).reference, run.workspace)
+
+
+def run_files(run: Run, cache_dir: Path | None = None) -> RunFiles:
+    """A run's declared files: the tier's (`files`), then those built for the run's models
+    (`model_files`), each list in that order."""
+    env, tier, cache = run.env, run.info.tier, cache_dir or default_cache_dir()
+    files = env.files(tier, cache)
+    if not run.info.models or type(env).model_files is Environment.model_files:
+        return files
+    more = env.model_files(tier, cache, run.info.models)
+    return RunFiles(workspace=[*files.workspace, *more.workspace],
+                    protected=[*files.protected, *more.protected], reference=[*files.reference, *more.reference])

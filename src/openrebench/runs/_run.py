@@ -33,6 +33,7 @@ class RunInfo(BaseModel):
     hardware: Hardware
     constants: NormConstants
     started_at: datetime | None = None
+    models: dict[str, str] = {}  # role: model spec, for tiers that declare models (defaults resolved)
 
 
 def check_new_run_dir(path: Path) -> None:
@@ -65,7 +66,7 @@ class Run:
         model, where they are not the tier's defaults) choose the calibration record."""
         from openrebench import __version__
 
-        from ._calibration import constants_for
+        from ._calibration import constants_for, tier_models
 
         spec = env.tier(tier)
         path = Path(path).expanduser().absolute()
@@ -78,6 +79,7 @@ class Run:
             seed=secrets.randbits(31) if seed is None else seed, created_at=datetime.now(UTC),
             package_version=__version__, hardware=hardware,
             constants=constants_for(env, tier, hardware, models),
+            models=tier_models(env, tier, models),
         )
         (path / "workspace").mkdir(parents=True)
         (path / "protected").mkdir()

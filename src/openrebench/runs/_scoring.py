@@ -232,6 +232,7 @@ class ScoringAccess:
     env: Mapping[str, str] = field(default_factory=dict)
     prefix: tuple[str, ...] = ()
     report: Callable[[], Mapping[str, Any]] | None = None
+    models: Mapping[str, str] = field(default_factory=dict)  # role: model spec, as granted
     infrastructure: Callable[[], str | None] | None = None
     """Called once the scorer has ended: what failed on the harness's side meanwhile (the model's
     backend down, the gateway gone), in words, or None. A scoring it names is an infrastructure
@@ -532,7 +533,7 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
     partial.chmod(0o755)  # as a plain mkdir would make it; mkdtemp's 0700 would hide the workspace
     try:
         run = Run.create(env, tier, partial, seed=seed, models=models)
-        set_up_files(run, env, cache_dir())
+        set_up_files(run, env, cache_dir(), access=access)
         _record_protected(run)
         check_new_run_dir(path)
         if path.exists():
@@ -560,7 +561,8 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
 
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
-                run, _ = start_run(env, tier, Path(tmp) / which, score_start=False, models=models)
+                run, _ = start_run(env, tier, Path(tmp) / which, score_start=False, models=models,
+                                   access=access)
                 if which == "reference":
                     install_reference(run)
                 runs[which] = run

@@ -9,8 +9,8 @@ from __future__ import annotations
 from inspect_ai.agent import Agent, AgentState, agent
 from inspect_ai.model import ChatMessageAssistant
 
-from openrebench.api import Environment, cache_dir, file_contents
-from openrebench.runs import get_environment
+from openrebench.api import Environment, file_contents
+from openrebench.runs import get_environment, run_files
 
 from .._sandbox import run_sandbox
 from . import AgentSpec
@@ -26,7 +26,7 @@ def oracle() -> Agent:
     async def execute(state: AgentState) -> AgentState:
         box = run_sandbox()
         env = get_environment(box.run.info.env_id)
-        for dest, data in file_contents(env.files(box.run.info.tier, cache_dir()).reference):
+        for dest, data in file_contents(run_files(box.run).reference):
             await box.write_file(dest, data)
         best: float | None = None
         for _ in range(ORACLE_SCORINGS):
