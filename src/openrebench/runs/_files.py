@@ -139,4 +139,5 @@ def run_files(run: Run, cache_dir: Path | None = None) -> RunFiles:
         return files
     more = env.model_files(tier, cache, run.info.models)
     return RunFiles(workspace=[*files.workspace, *more.workspace],
-                    protected=[*files.protected, *more.protected], reference=[*files.reference, *more.reference])
+                    protected=[*files.protected, *more.protected],
+                    reference=[*files.reference, *more.reference])
