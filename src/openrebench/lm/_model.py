@@ -169,6 +169,27 @@ class GPT(nn.Module):
             raise KeyError(f"the Hugging Face state dict lacks {', '.join(missing[:3])}")
         return model
 
+    def to_hf(self) -> Any:
+        """This model as a Hugging Face GPT2LMHeadModel (the same weights, names and tanh GELU; Conv1D
+        weights transposed), for code written against transformers."""
+        from transformers import GPT2Config, GPT2LMHeadModel  # type: ignore[import-not-found]
+
+        c = self.config
+        if not c.bias:
+            raise ValueError("a Hugging Face GPT-2 has biases: only a GPT with bias=True converts")
+        hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
+                                        n_layer=c.n_layer, n_head=c.n_head, activation_function="gelu_new",
+                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                        bos_token_id=c.vocab_size - 1, eos_token_id=c.vocab_size - 1))
+        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        state = {k: (v.t() if k.endswith(transposed) else v).clone() for k, v in self.state_dict().items()
+                 if k != "lm_head.weight"}
+        missing, unexpected = hf.load_state_dict(state, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:
+            raise KeyError(f"GPT -> GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        hf.tie_weights()
+        return hf.eval()
+
     @classmethod
     def from_pretrained(cls, name: str = "gpt2", **overrides: Any) -> GPT:
         """OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl) through `transformers`."""
