@@ -1,0 +1,232 @@
+"""The judge: which of two answers to an instruction is better, asked of the run's `judge` model.
+
+    prefs = await evaluate(prompts, pairs, max_workers=8)
+
+For each instruction `prompts[i]` and answers `pairs[i] = (a, b)`: 1.0 where the judge prefers `a`,
+0.0 where it prefers `b`, 0.5 for a tie, None where the judge could not be asked (after retries).
+This is the agent's only way to the judge (through the model gateway: OPENAI_BASE_URL and
+OPENAI_API_KEY are set in the sandbox) and the scorer asks it the same way, with its own copy of this
+file. Every call spends the run's model budget.
+
+Two methods, by the judge model (`settings.json` in the workspace names the tier's):
+
+- `likelihood`, for a base model (the mini tier's Gemma 3 270M, which cannot follow a judging prompt):
+  an answer's score is how much more probable the instruction makes it, under the judge, than it is
+  anyway: log P(answer | "Question: <instruction>\\nAnswer:") - log P(answer | "Answer:"), from the
+  completions API's `echo` log-probabilities. Copying the question or repeating common words gains
+  little; an answer that only fits this instruction gains most. The better answer has the higher score
+  (each answer is scored once per call, however many pairs it is in).
+- `prompted`, for an instruction-tuned chat model (the full tier's Llama-3-8B-Instruct, as in the paper):
+  the model sees the instruction and both answers, in an order drawn at random for each pair, and names
+  the better one (A or B).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROLE = "judge"
+MAX_ANSWER_CHARS = 400  # answers are cut to this before judging (the scorer's answers are far shorter)
+RETRIES = 4
+BATCH = 8  # answers per likelihood request: 16 texts, the gateway's most per request
+CONDITIONED = "Question: {instruction}\nAnswer:"
+UNCONDITIONED = "Answer:"
+PROMPTED = (
+    "You are judging two answers to the same instruction. Pick the answer that follows the instruction "
+    "better: correct, relevant, clear and concise.\n\n### Instruction:\n{instruction}\n\n### Answer A:\n{a}"
+    "\n\n### Answer B:\n{b}\n\nWhich answer is better? Reply with the single letter A or B."
+)
+
+
+_SCORES: dict[tuple[str, str], float] = {}  # likelihood scores already asked for, in this process
+_SCORES_KEPT = 200_000
+
+
+def judge_method(default: str = "likelihood") -> str:
+    """The tier's method, from `settings.json` beside this file (the workspace's), else `default`."""
+    path = Path(__file__).with_name("settings.json")
+    try:
+        return str(json.loads(path.read_text())["judge_method"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+
+
+def _clean(answer: object) -> str:
+    return " ".join(str(answer).split())[:MAX_ANSWER_CHARS] if isinstance(answer, str) else ""
+
+
+def _retryable(error: Exception) -> bool:
+    import openai
+
+    if isinstance(error, openai.RateLimitError):
+        return getattr(error, "code", None) != "budget_exceeded" and "budget" not in str(error)
+    return isinstance(error, openai.APIConnectionError | openai.InternalServerError | openai.APITimeoutError)
+
+
+async def _with_retries(call: Any) -> Any:
+    for attempt in range(RETRIES + 1):
+        try:
+            return await call()
+        except Exception as e:
+            if attempt == RETRIES or not _retryable(e):
+                raise
+            await asyncio.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _answer_logprob(choice: Any, prefix: str) -> float:
+    lp = choice.logprobs
+    total = 0.0
+    for offset, value in zip(lp.text_offset, lp.token_logprobs, strict=True):
+        if offset >= len(prefix) and value is not None:
+            total += float(value)
+    return total
+
+
+async def likelihood_scores(
+    client: Any, items: Sequence[tuple[str, str]], *, max_workers: int = 8
+) -> list[float | None]:
+    """The likelihood judge's score of each (instruction, answer): None where it failed, -inf for an
+    empty answer (it loses to anything)."""
+    semaphore = asyncio.Semaphore(max_workers)
+    scores: list[float | None] = [None] * len(items)
+    todo = []
+    for i, (instruction, answer) in enumerate(items):
+        known = _SCORES.get((instruction, _clean(answer)))
+        if not _clean(answer):
+            scores[i] = -math.inf
+        elif known is not None:
+            scores[i] = known
+        else:
+            todo.append(i)
+
+    async def batch(indices: list[int]) -> None:
+        texts, prefixes = [], []
+        for i in indices:
+            instruction, answer = items[i]
+            conditioned = CONDITIONED.format(instruction=" ".join(instruction.split()))
+            for prefix in (conditioned, UNCONDITIONED):
+                texts.append(f"{prefix} {_clean(answer)}")
+                prefixes.append(prefix)
+        async with semaphore:
+            try:
+                out = await _with_retries(
+                    lambda: client.completions.create(
+                        model=ROLE, prompt=texts, echo=True, max_tokens=0, logprobs=0
+                    )
+                )
+            except Exception:
+                return
+        choices = sorted(out.choices, key=lambda c: c.index)
+        if len(choices) != len(texts):
+            return
+        values = [_answer_logprob(c, p) for c, p in zip(choices, prefixes, strict=True)]
+        for k, i in enumerate(indices):
+            scores[i] = values[2 * k] - values[2 * k + 1]
+            if len(_SCORES) < _SCORES_KEPT:
+                _SCORES[(items[i][0], _clean(items[i][1]))] = scores[i]
+
+    await asyncio.gather(*(batch(todo[j : j + BATCH]) for j in range(0, len(todo), BATCH)))
+    return scores
+
+
+def _letter(text: str) -> str | None:
+    found = re.search(r"\b([AB])\b", text.strip().upper())
+    return found[1] if found else None
+
+
+async def _prompted(
+    client: Any, prompts: Sequence[str], pairs: Sequence[tuple[str, str]], max_workers: int, seed: int | None
+) -> list[float | None]:
+    rng = random.Random(seed)
+    swaps = [rng.random() < 0.5 for _ in pairs]  # the presentation order, drawn per pair
+    semaphore = asyncio.Semaphore(max_workers)
+
+    async def one(instruction: str, pair: tuple[str, str], swap: bool) -> float | None:
+        a, b = (_clean(pair[1]), _clean(pair[0])) if swap else (_clean(pair[0]), _clean(pair[1]))
+        if not a and not b:
+            return 0.5
+        if not a or not b:
+            first_better = bool(a)
+        else:
+            text = PROMPTED.format(instruction=instruction.strip(), a=a, b=b)
+            async with semaphore:
+                try:
+                    out = await _with_retries(
+                        lambda: client.chat.completions.create(
+                            model=ROLE,
+                            messages=[{"role": "user", "content": text}],
+                            max_tokens=4,
+                            temperature=0,
+                        )
+                    )
+                except Exception:
+                    return None
+            letter = _letter(out.choices[0].message.content or "")
+            if letter is None:
+                return None
+            first_better = letter == "A"
+        return float(first_better != swap)
+
+    return list(
+        await asyncio.gather(*(one(p, pair, s) for p, pair, s in zip(prompts, pairs, swaps, strict=True)))
+    )
+
+
+def preference(a: float | None, b: float | None) -> float | None:
+    """Which of two likelihood scores wins: 1.0 the first, 0.0 the second, 0.5 equal, None unknown."""
+    if a is None or b is None:
+        return None
+    if a == b:
+        return 0.5
+    return 1.0 if a > b else 0.0
+
+
+async def evaluate(
+    prompts: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    max_workers: int = 8,
+    *,
+    client: Any = None,
+    method: str | None = None,
+    seed: int | None = None,
+) -> list[float | None]:
+    """The judge's preference for the first answer of each pair (see the module's docstring).
+
+    `client`: an `openai.AsyncOpenAI` (default: one from OPENAI_BASE_URL and OPENAI_API_KEY);
+    `method`: `likelihood` or `prompted` (default: the tier's, from judge.json); `seed`: the random
+    presentation order of the prompted judge."""
+    if len(prompts) != len(pairs):
+        raise ValueError(f"{len(prompts)} prompts but {len(pairs)} pairs")
+    if client is None:
+        import openai
+
+        client = openai.AsyncOpenAI(max_retries=0, timeout=600)
+    method = method or judge_method()
+    if method == "prompted":
+        return await _prompted(client, prompts, pairs, max_workers, seed)
+    if method != "likelihood":
+        raise ValueError(f"unknown judge method {method!r} (likelihood, prompted)")
+    unique: dict[tuple[str, str], int] = {}
+    for instruction, (a, b) in zip(prompts, pairs, strict=True):
+        for answer in (a, b):
+            unique.setdefault((instruction, _clean(answer)), len(unique))
+    scores = await likelihood_scores(client, list(unique), max_workers=max_workers)
+    return [
+        preference(scores[unique[(p, _clean(a))]], scores[unique[(p, _clean(b))]])
+        for p, (a, b) in zip(prompts, pairs, strict=True)
+    ]
+
+
+def evaluate_sync(
+    prompts: Sequence[str], pairs: Sequence[tuple[str, str]], max_workers: int = 8, **kwargs: Any
+) -> list[float | None]:
+    """`evaluate` for code without an event loop."""
+    return asyncio.run(evaluate(prompts, pairs, max_workers, **kwargs))
