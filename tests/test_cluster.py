@@ -203,8 +203,7 @@ def test_a_node_killed_mid_attempt_is_retried_on_another_node_and_its_partial_ru
     specs = plan_attempts(["toy_slow"], tier="mini", agent="oracle", model=None, epochs=1)
     plan = ClusterEval(address=sim.cluster.address, specs=specs, log_dir=tmp_path / "logs",
                        runs_dir=tmp_path / "runs", display="none")
-    out: dict[str, Any] = {}
-    driver = threading.Thread(target=lambda: out.setdefault("outcome", Driver(plan).run()), daemon=True)
+    driver = threading.Thread(target=lambda: Driver(plan).run(), daemon=True)
     driver.start()
     try1 = tmp_path / "runs" / specs[0].id / "try1"
     start = wait_for("the first try to start", lambda: json.loads((try1 / START_FILE).read_text())
@@ -215,7 +214,7 @@ def test_a_node_killed_mid_attempt_is_retried_on_another_node_and_its_partial_ru
     sim.add(f"{name}-again", sim.shapes[name])  # the cluster's size again, for the tests after this one
     driver.join(timeout=180)
     assert not driver.is_alive()
-    queue = out["outcome"].queue
+    queue = AttemptQueue(tmp_path / "logs" / QUEUE_FILE)
     (attempt,) = queue.attempts()
     assert attempt.state == "done" and attempt.tries == 2 and attempt.score == 1.0
     first, second = queue.tries(attempt.id)
