@@ -143,8 +143,8 @@ class Driver:
         self.runs_dir = plan.runs_dir.expanduser().absolute()
         self.queue = AttemptQueue(self.log_dir / QUEUE_FILE)
         self.outcome = Outcome(self.queue)
-        self._resources = plan.resources or (lambda s: attempt_resources(s.env_id, s.tier))
-        self._shapes: dict[str, Resources] = {}
+        self._resources = plan.resources
+        self._shapes: dict[tuple[str, str], Resources] = {}
         self._in_flight: dict[Any, _InFlight] = {}
         self._prep: dict[Any, tuple[str, str, str]] = {}
         self._prepared: set[tuple[str, str, str]] = set()
@@ -154,9 +154,11 @@ class Driver:
         self._total: dict[str, float] = {}
 
     def resources(self, spec: AttemptSpec) -> Resources:
-        key = f"{spec.env_id}/{spec.tier}"
+        if self._resources is not None:
+            return self._resources(spec)
+        key = (spec.env_id, spec.tier)
         if key not in self._shapes:
-            self._shapes[key] = self._resources(spec)
+            self._shapes[key] = attempt_resources(*key)
         return self._shapes[key]
 
     # -- the run -----------------------------------------------------------------------------------------
