@@ -221,8 +221,10 @@ def part_two(tmp: Path, steps: list[tuple[int, int]]) -> list[dict[str, Any]]:
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least squares y = a + b x."""
+    """Least squares y = a + b x (b = 0 from a single point)."""
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    if len(set(xs)) < 2:
+        return my, 0.0
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     return my - b * mx, b
 
@@ -247,7 +249,7 @@ def main() -> None:
         parser.error("--out is required")
     os.environ.update(RAY_ENV)
     steps = [(int(n), int(a)) for n, a in (s.split(":") for s in args.steps.split(","))]
-    console = Console()
+    console = Console(width=150)
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         console.print("part 1: overhead and throughput on 3 simulated nodes")

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from openrebench.base import OpenRebenchError
 
 from ._node import (
@@ -334,7 +336,8 @@ class Driver:
                        f"nodes have {'; '.join(sizes) or 'nothing'}")
             if self.plan.address == "local":
                 raise OpenRebenchError(message)
-            self.outcome.warnings.append(f"{message}: its attempts wait until such a node joins")
+            Console(stderr=True).print(f"[yellow]warning:[/] {message}: its attempts wait until such a node "
+                                       "joins", highlight=False, soft_wrap=True)
 
     def _prepare_nodes(self) -> None:
         """Build each environment's assets once on each node that can run it, before its attempts start
