@@ -166,7 +166,7 @@ class AttemptQueue:
 
     def finished(self, attempt_id: str, n: int, result: dict[str, Any]) -> None:
         """The try scored: the attempt is done (its log is in the log directory)."""
-        self._end_try(attempt_id, n, "done", None)
+        self._end_try(attempt_id, n, "done", None, result.get("ended"))
         self._db.execute("UPDATE attempts SET state = 'done', log = ?, score = ?, raw = ?, run_dir = ?, "
                          "reason = NULL, updated = ? WHERE id = ?",
                          (result.get("log"), result.get("score"), result.get("raw"), result.get("run_dir"),
@@ -175,7 +175,7 @@ class AttemptQueue:
     def failed(self, attempt_id: str, n: int, reason: str, retry_failures: int,
                result: dict[str, Any] | None = None) -> bool:
         """The attempt's own failure; returns whether it is queued again (else it has failed)."""
-        self._end_try(attempt_id, n, "failed", reason)
+        self._end_try(attempt_id, n, "failed", reason, (result or {}).get("ended"))
         (failures,) = self._db.execute("SELECT failures FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
         again = failures + 1 <= retry_failures
         result = result or {}
@@ -201,9 +201,11 @@ class AttemptQueue:
         self._db.execute("UPDATE attempts SET state = 'queued', updated = ? WHERE id = ?",
                          (time.time(), attempt_id))
 
-    def _end_try(self, attempt_id: str, n: int, outcome: str, reason: str | None) -> None:
+    def _end_try(self, attempt_id: str, n: int, outcome: str, reason: str | None,
+                 ended: float | None = None) -> None:
+        """`ended`: when the try's last command ended on its node (default: now, as the driver learns it)."""
         self._db.execute("UPDATE tries SET ended = ?, outcome = ?, reason = ? WHERE attempt = ? AND n = ?",
-                         (time.time(), outcome, reason, attempt_id, n))
+                         (ended or time.time(), outcome, reason, attempt_id, n))
 
     # -- reading ---------------------------------------------------------------------------------------
     def attempts(self, state: str | None = None) -> list[Attempt]:
