@@ -10,12 +10,14 @@
    - trivial attempts (`trivial_attempt`: start, write the start marker, end) through the driver, in
      fresh workers and in reused ones, against the same function called locally.
    The overhead is the time from the driver's submission to the attempt's first command (its start
-   marker), from the queue's own records.
+   marker), from the queue's own records, measured one attempt at a time on an idle cluster (all at
+   once, an attempt's wait also holds the backlog ahead of it).
 2. A scale simulation: one cluster grown to 5, 10 and 20 worker nodes of mixed GPU counts (0, 1, 2,
-   4, 8), trivial attempts of mixed GPU asks (0, 1, 1, 1, 2, 4, 8), 250 to 1,000 of them, each run by
-   a fresh driver process (so that its memory is its own): scheduling throughput, the overhead's
-   median and 95th percentile, the driver's peak memory, the queue's size, and the GCS's memory, with
-   a line fitted through the driver's memory against attempts to read off a 10,000-attempt eval.
+   4, 8), trivial attempts of mixed GPU asks (0, 1, 1, 1, 2, 4, 8), 250 to 1,000 of them handed to Ray
+   at once, each step run by a fresh driver process (so that its memory is its own) after a warm-up
+   that starts its workers on every node: scheduling throughput, the wait from submission to start
+   (median, 95th percentile: the backlog), the driver's peak memory, the queue's size, and the GCS's
+   memory, with lines fitted against attempts to read off a 10,000-attempt eval.
 
     .venv/bin/python benchmarks/ray_overhead.py --out benchmarks/results/ray_overhead.json
 """
@@ -74,11 +76,13 @@ def trivial_specs(n: int, env_id: str = "optimize_kernel") -> list[AttemptSpec]:
     return [AttemptSpec(env_id=env_id, tier="mini", agent="oracle", epoch=e) for e in range(1, n + 1)]
 
 
-def driver_run(address: str, specs: list[AttemptSpec], tmp: Path, *, fresh: bool,
-               resources: Any = None, runner: Any = trivial_attempt) -> dict[str, Any]:
+def driver_run(address: str, specs: list[AttemptSpec], tmp: Path, *, fresh: bool, resources: Any = None,
+               runner: Any = trivial_attempt, one_at_a_time: bool = False) -> dict[str, Any]:
+    """The driver over these attempts: all handed to Ray at once (throughput; an attempt's wait then
+    includes the backlog ahead of it), or one at a time (the overhead of one attempt on an idle cluster)."""
     plan = ClusterEval(address=address, specs=specs, log_dir=tmp / "logs", runs_dir=tmp / "runs",
-                       display="none",
-                       prepare=runner is run_attempt, fresh_worker=fresh, runner=runner, resources=resources)
+                       display="none", prepare=runner is run_attempt, fresh_worker=fresh, runner=runner,
+                       resources=resources, max_in_flight=1 if one_at_a_time else None)
     t0 = time.perf_counter()
     queue = Driver(plan).run().queue
     wall = time.perf_counter() - t0
@@ -131,13 +135,20 @@ def part_one(tmp: Path, toy_attempts: int, trivial_fresh: int, trivial_reused: i
         toy = [AttemptSpec(env_id="toy_cpu", tier="mini", agent="oracle", epoch=e)
                for e in range(1, toy_attempts + 1)]
         out["toy_ray"] = driver_run(cluster.address, toy, tmp / "toy_ray", fresh=True, runner=run_attempt)
+        out["toy_ray_one_at_a_time"] = driver_run(cluster.address, toy[: max(1, toy_attempts // 2)],
+                                                  tmp / "toy_alone", fresh=True, runner=run_attempt,
+                                                  one_at_a_time=True)
         os.environ["OPENREBENCH_HOME"] = str(tmp / "home-local")
         out["toy_local"] = local_run(toy, tmp / "toy_local", run_attempt)
         small = lambda s: Resources(cpus=1, gpus=0, memory_bytes=GiB)  # noqa: E731
-        out["trivial_ray_fresh"] = driver_run(cluster.address, trivial_specs(trivial_fresh), tmp / "fresh",
-                                              fresh=True, resources=small)
+        out["trivial_ray_fresh_one_at_a_time"] = driver_run(
+            cluster.address, trivial_specs(trivial_fresh), tmp / "fresh", fresh=True, resources=small,
+            one_at_a_time=True)
         out["trivial_ray_reused"] = driver_run(cluster.address, trivial_specs(trivial_reused), tmp / "reused",
                                                fresh=False, resources=small)
+        out["trivial_ray_reused_one_at_a_time"] = driver_run(
+            cluster.address, trivial_specs(trivial_fresh), tmp / "reused_alone", fresh=False, resources=small,
+            one_at_a_time=True)
         out["trivial_local"] = local_run(trivial_specs(trivial_reused), tmp / "trivial_local",
                                          trivial_attempt)
     finally:
@@ -151,6 +162,15 @@ def scale_driver(address: str, attempts: int, folder: Path) -> dict[str, Any]:
     import ray
 
     ray.init(address=address, log_to_driver=False, logging_level="warning")
+    asks = {e: ASK_GPUS[(e - 1) % len(ASK_GPUS)] for e in range(1, attempts + 1)}
+
+    def resources(s: AttemptSpec) -> Resources:
+        return Resources(cpus=1, gpus=asks[s.epoch], memory_bytes=GiB // 4)
+
+    # Warm-up: this job's worker processes started on every node first (a worker serves one job), so
+    # that the measured run times the scheduler, not 40 Python start-ups on one shared machine.
+    driver_run(address, trivial_specs(min(attempts, 150)), folder / "warm-up", fresh=False,
+               resources=resources)
     me = psutil.Process()
     base = me.memory_info().rss
     peak = [base]
@@ -162,9 +182,7 @@ def scale_driver(address: str, attempts: int, folder: Path) -> dict[str, Any]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    asks = {e: ASK_GPUS[(e - 1) % len(ASK_GPUS)] for e in range(1, attempts + 1)}
-    result = driver_run(address, trivial_specs(attempts), folder, fresh=False,
-                        resources=lambda s: Resources(cpus=1, gpus=asks[s.epoch], memory_bytes=GiB // 4))
+    result = driver_run(address, trivial_specs(attempts), folder, fresh=False, resources=resources)
     stop.set()
     sampler.join()
     result |= {"driver_rss_start_mb": base / 2**20, "driver_rss_peak_mb": peak[0] / 2**20,
@@ -234,7 +252,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--toy-attempts", type=int, default=6)
-    parser.add_argument("--trivial-fresh", type=int, default=24)
+    parser.add_argument("--trivial-fresh", type=int, default=12)
     parser.add_argument("--trivial-reused", type=int, default=300)
     parser.add_argument("--steps", default="5:250,10:250,20:250,20:500,20:1000",
                         help="nodes:attempts of the scale simulation")
@@ -260,10 +278,13 @@ def main() -> None:
     table = Table(title="attempts through Ray against the same attempts run locally (3 simulated nodes)")
     for col in ("attempts", "how", "n", "wall s", "attempts/s", "submit→first command, median s", "p95 s"):
         table.add_column(col, justify="left" if col in ("attempts", "how") else "right")
-    for key, what, how in (("toy_ray", "toy Inspect eval (oracle)", "Ray, fresh worker each"),
-                           ("toy_local", "toy Inspect eval (oracle)", "locally, one after another"),
-                           ("trivial_ray_fresh", "trivial", "Ray, fresh worker each"),
-                           ("trivial_ray_reused", "trivial", "Ray, workers reused"),
+    toy = "toy Inspect eval (oracle)"
+    for key, what, how in (("toy_ray", toy, "Ray, all at once, fresh workers"),
+                           ("toy_ray_one_at_a_time", toy, "Ray, one at a time, fresh"),
+                           ("toy_local", toy, "locally, one after another"),
+                           ("trivial_ray_fresh_one_at_a_time", "trivial", "Ray, one at a time, fresh"),
+                           ("trivial_ray_reused_one_at_a_time", "trivial", "Ray, one at a time, reused"),
+                           ("trivial_ray_reused", "trivial", "Ray, all at once, reused"),
                            ("trivial_local", "trivial", "locally, one after another")):
         r = one[key]
         med = f"{r['overhead_median_s']:.3f}" if "overhead_median_s" in r else ""
@@ -286,7 +307,7 @@ def main() -> None:
                                                  for r in at_most])
     qa, qb = fit([r["attempts"] for r in at_most], [r["queue_kb"] for r in at_most])
     rate = statistics.median(r["per_s"] for r in at_most)
-    fresh = one["trivial_ray_fresh"]["overhead_median_s"]
+    fresh = one["trivial_ray_fresh_one_at_a_time"]["overhead_median_s"]
     projection = {"driver_mb_per_1000_attempts": b * 1000, "driver_mb_at_10000": a + b * 10_000,
                   "queue_mb_at_10000": (qa + qb * 10_000) / 1024, "scheduling_s_for_10000": 10_000 / rate,
                   "fresh_worker_overhead_s": fresh}

@@ -33,7 +33,8 @@ import ray
 from inspect_ai.log import list_eval_logs, read_eval_log
 from typer.testing import CliRunner
 
-from cluster_support import OBJECT_STORE, RAY_ENV, GiB, write_toy_plugin
+from cluster_support import OBJECT_STORE, RAY_ENV, GiB, gpu_probe, write_toy_plugin
+from openrebench.api import OpenRebenchError
 from openrebench.cli import app
 from openrebench.cluster import (
     LOST_FILE,
@@ -143,7 +144,7 @@ def test_no_gpu_is_ever_held_by_two_attempts_and_every_attempt_runs_once(sim: Si
     plan = ClusterEval(address=sim.cluster.address, specs=specs, log_dir=tmp_path / "logs",
                        runs_dir=tmp_path / "runs", display="none", prepare=False, fresh_worker=False,
                        resources=lambda s: Resources(cpus=1, gpus=asks[s.env_id], memory_bytes=GiB),
-                       runner=__import__("cluster_support").gpu_probe)
+                       runner=gpu_probe)
     queue = Driver(plan).run().queue
     attempts = queue.attempts()
     assert [a.state for a in attempts] == ["done"] * 9 and all(a.tries == 1 for a in attempts)
@@ -160,6 +161,15 @@ def test_no_gpu_is_ever_held_by_two_attempts_and_every_attempt_runs_once(sim: Si
     # 3 GPUs for 12 GPU-seconds of work: attempts waited for GPUs rather than sharing them.
     assert sum(t.started - t.submitted > 0.9 for t in tries) >= 3  # type: ignore[operator]
     assert queue.counts() == {"toy_gpu": Counter(done=6), "toy_slow": Counter(done=3)}
+
+
+def test_an_attempt_no_node_can_hold_is_one_line_on_a_local_cluster(sim: Sim, tmp_path: Path) -> None:
+    plan = ClusterEval(address="local", specs=[AttemptSpec(env_id="toy_gpu", tier="mini", agent="oracle")],
+                       log_dir=tmp_path / "logs", runs_dir=tmp_path / "runs", display="none",
+                       resources=lambda s: Resources(cpus=1, gpus=4, memory_bytes=GiB))
+    with pytest.raises(OpenRebenchError, match=r"toy_gpu \(mini\) needs 4 GPU\(s\), 1 CPU\(s\), 1 GiB on "
+                                               r"one node; the cluster's nodes have .*2 GPU\(s\), 16 CPU"):
+        Driver(plan).run()
 
 
 def test_eval_on_the_cluster_logs_every_attempt_once_where_analyze_and_inspect_read_them(

@@ -94,3 +94,39 @@ def test_an_attempt_asks_for_its_tiers_gpus_and_the_memory_of_its_sandbox_and_sc
     assert full.fits({"CPU": 64, "GPU": 8, "memory": 512 * 1024**3})
     assert not full.fits({"CPU": 64, "GPU": 0, "memory": 512 * 1024**3})
     assert not mini.fits({"CPU": 64, "GPU": 0, "memory": 1024**3})
+
+
+def test_progress_shows_each_environments_attempts_by_state_and_the_clusters_free_resources(
+        tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from openrebench.cluster._progress import Progress
+
+    queue = AttemptQueue(tmp_path / "q.sqlite")
+    queue.plan([*specs(2), AttemptSpec(env_id="scaling_law", tier="mini", agent="oracle")], resume=False)
+    first = queue.attempts()[0].id
+    with queue.batch():
+        queue.started(first, queue.submitted(first, tmp_path / "t"), 1.0, "node", ["0"])
+    console = Console(record=True, width=200)
+    with Progress("full", queue, lambda: "cluster: 3 node(s); GPUs 1/3 free", console=console):
+        pass
+    text = console.export_text()
+    assert "waiting for GPUs" in text and "cluster: 3 node(s); GPUs 1/3 free" in text
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:7]]
+            for line in text.splitlines() if line.startswith("│")}
+    assert rows["optimize_kernel"] == ["1", "0", "1", "0", "0"]  # queued, waiting, running, done, failed
+    assert rows["scaling_law"] == ["1", "0", "0", "0", "0"] and rows["all"] == ["2", "0", "1", "0", "0"]
+    plain = Console(record=True, width=200)
+    Progress("plain", queue, lambda: "cluster: 3 node(s)", console=plain).update()
+    assert plain.export_text().strip() == ("2 queued, 0 waiting for GPUs, 1 running, 0 done, 0 failed | "
+                                           "cluster: 3 node(s)")
+
+
+def test_without_ray_the_cluster_option_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from openrebench.cluster import connect
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
+    with pytest.raises(OpenRebenchError, match=r"--cluster needs Ray: pip install 'openrebench\[ray\]'"):
+        connect("local")
