@@ -10,7 +10,7 @@ The toy environments run the real harness (Inspect eval, sandbox, scoring) in a 
   simulated nodes (TOY_FAKE_GPUS set) the plug-in tells the harness's hardware check that the machine
   has the GPUs Ray made visible, which exist in name only;
 - `toy_slow`: one GPU too, and on a try's first attempt (a try folder named try1) its set-up sleeps
-  for a minute: the window in which a test kills its node or its driver.
+  for two minutes: the window in which a test kills its node or its driver.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class ToySlow(ToyGpu):
         super().write_run_files(tier, workspace, protected, cache_dir)
         # runs/<attempt>/try<n>/<hidden set-up folder>/workspace
         if workspace.parent.parent.name == "try1":
-            time.sleep(60)
+            time.sleep(120)
 '''
 
 

@@ -160,7 +160,7 @@ def eval_(
     )] = None,
     cluster: Annotated[str | None, typer.Option(
         help="Run each attempt as a task on this Ray cluster (its address, or 'local' to start one here); "
-             "--log-dir and --runs-dir must be shared storage. Needs openrebench[ray].")] = None,
+             "--log-dir and --runs-dir must be shared storage. Needs Ray (the ray extra).")] = None,
 ) -> None:
     """Run agents on environments through Inspect AI, then print a results table.
 
