@@ -7,7 +7,7 @@ What runs for real and what is a toy:
   per-node asset preparation, the GPUs the harness leases, a node killed mid-attempt, a driver killed
   mid-run; and one real mini environment (optimize_kernel) with the oracle;
 - a toy attempt (`gpu_probe`: start, hold the GPUs a second, end) for GPU exclusivity under load, where
-  twelve real evals would cost minutes.
+  nine real evals would cost a minute more.
 
 One cluster serves the whole module; the nodes' processes start with as little as Ray allows.
 """
