@@ -158,6 +158,9 @@ def eval_(
     model_budget_tokens: Annotated[str | None, typer.Option(
         help="Per-run budget in tokens for the environment's models, e.g. 200k (default: the tier's)."
     )] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Run each attempt as a task on this Ray cluster (its address, or 'local' to start one here); "
+             "--log-dir and --runs-dir must be shared storage. Needs Ray (the ray extra).")] = None,
 ) -> None:
     """Run agents on environments through Inspect AI, then print a results table.
 
@@ -186,7 +189,7 @@ def eval_(
     agent_spec = get_agent(agent)  # one line naming the registered agents where unknown
     if isolation not in ISOLATIONS:
         raise OpenRebenchError(f"unknown isolation '{isolation}' (known: {', '.join(ISOLATIONS)})")
-    if problem := isolation_problem(isolation):
+    if cluster is None and (problem := isolation_problem(isolation)):  # on a cluster, the nodes' to say
         raise OpenRebenchError(f"--isolation {isolation}: {problem}")
     if agent_spec.needs_model and model is None:
         raise OpenRebenchError(f"the {agent} agent needs --model")
@@ -202,6 +205,25 @@ def eval_(
     budgets = {"model_budget_usd": model_budget_usd, "model_budget_tokens": model_budget_tokens}
     if any(v is not None for v in budgets.values()) and not any(get_env(e).tier(tier).models for e in ids):
         raise OpenRebenchError(f"--model-budget-*: no environment chosen declares models in the {tier} tier")
+    if cluster is not None:  # each attempt a Ray task on the node that holds its GPUs: openrebench.cluster
+        from openrebench.cluster import eval_on_cluster
+
+        if agent_spec.needs_model and model is not None:
+            estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices,
+                                    agent=agent)
+            console.print("\n".join(estimate.lines()), highlight=False, markup=False)
+            estimate.check(max_cost, yes)
+        if model is not None:  # the driver passes provider keys (*_API_KEY) to the nodes
+            check_credentials(model)
+        code = eval_on_cluster(cluster, ids, log_dir=log_dir, runs_dir=runs_dir,
+                               retry_attempts=retry_attempts, resume=resume, max_in_flight=max_samples,
+                               display=display, console=console, err=err, tier=tier, agent=agent, model=model,
+                               epochs=epochs, time_limit_s=seconds, isolation=isolation,
+                               message_limit=message_limit, token_limit=token_limit, env_models=env_models,
+                               model_budget_usd=model_budget_usd, model_budget_tokens=model_budget_tokens)
+        if code:
+            raise typer.Exit(code)
+        return
     # Making the tasks checks their arguments and the machine (nothing is set up yet).
     made = environment_tasks()
     tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
