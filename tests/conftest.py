@@ -17,10 +17,23 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(1)
 
 
+@pytest.fixture(scope="session")
+def shared_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the offline model's files (its GGUF, its PyTorch copy) for the whole session, and
+    every xdist worker: hundreds of MB, made once."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "models"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep each test's calibration records and assets out of the user's real cache."""
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                   shared_models: Path) -> None:
+    """Keep each test's calibration records and assets out of the user's real cache (the offline
+    model's files are shared by the session)."""
     monkeypatch.setenv("OPENREBENCH_HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.setenv("OPENREBENCH_MODELS", str(shared_models))
 
 
 @pytest.fixture

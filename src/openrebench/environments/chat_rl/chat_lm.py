@@ -91,13 +91,15 @@ def load_model(folder: Path | str, device: str = "cpu") -> Any:
 
 
 def save_model(model: Any, folder: Path | str) -> None:
-    """The weights as safetensors and the config as JSON: what the scorer reads."""
-    from safetensors.torch import save_model as save
+    """The weights as safetensors (the output layer is the embedding's, so it is not written twice)
+    and the config as JSON: what the scorer reads."""
+    from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=1, default=str) + "\n")
-    save(model, str(folder / WEIGHTS))
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(folder / WEIGHTS))
 
 
 def _context(model: Any) -> int:

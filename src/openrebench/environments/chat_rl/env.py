@@ -45,16 +45,16 @@ MINI = ChatRLParams(
     vocab_size=8192,
     n_layer=4,
     n_head=4,
-    n_embd=192,
+    n_embd=128,
     block_size=128,
-    base_iters=400,
+    base_iters=300,
     base_batch=16,
     base_lr=2e-3,
     device="cpu",
     n_train_prompts=2000,
     n_sft=4000,
     n_heldout=128,
-    sft_steps=300,
+    sft_steps=200,
     sft_batch=16,
     sft_lr=1e-3,
     max_new_tokens=24,
@@ -65,7 +65,7 @@ MINI = ChatRLParams(
     reference=Pipeline(prompts=96, samples=8, rounds=2, steps=80, learning_rate=5e-4, mask_prompt=True),
     budget="2,000,000 tokens of the judge",
     judge_model="Gemma 3 270M, a small base model served offline, judging by likelihood",
-    base_model="a small GPT (4 layers, 192 wide, an 8,192-token vocabulary) pretrained here on plays and "
+    base_model="a small GPT (4 layers, 128 wide, an 8,192-token vocabulary) pretrained here on plays and "
     "a dictionary",
 )
 

@@ -1,0 +1,173 @@
+"""chat_rl's judge client (evaluation.py) against fake OpenAI clients: the likelihood judge's scores from
+echo log-probabilities, the prompted judge's random presentation order, retries, failures left as
+None, empty answers, one score per answer however many pairs it is in."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from openrebench.environments.chat_rl import evaluation
+
+
+def _status_error(
+    cls: type[openai.APIStatusError], status: int, body: dict[str, Any] | None = None
+) -> Exception:
+    request = httpx.Request("POST", "http://judge/v1/completions")
+    return cls("judge down", response=httpx.Response(status, request=request), body=body)
+
+
+class EchoJudge:
+    """Echo log-probabilities of a toy judge: each word of the answer costs -3 nats, -1 where the
+    question (before 'Answer:') has the word too; so an answer scores 2 per word it shares with the
+    instruction. `fail`: how many calls raise first (a status error, or a given exception)."""
+
+    def __init__(self, fail: int = 0, error: Exception | None = None) -> None:
+        self.calls: list[list[str]] = []
+        self.fail, self.error = fail, error
+        self.completions = SimpleNamespace(create=self.create)
+
+    async def create(
+        self, *, model: str, prompt: list[str], echo: bool, max_tokens: int, logprobs: int
+    ) -> Any:
+        assert model == "judge" and echo and max_tokens == 0 and logprobs == 0
+        self.calls.append(list(prompt))
+        if self.fail:
+            self.fail -= 1
+            raise self.error or _status_error(openai.InternalServerError, 503)
+        choices = []
+        for i, text in enumerate(prompt):
+            head, _, answer = text.rpartition("Answer:")
+            question = set(re.findall(r"[a-z]+", head.lower()))
+            offsets, values = [0], [None]
+            start = len(head) + len("Answer:")
+            for word in answer.split():
+                at = text.index(word, start)
+                offsets.append(at)
+                values.append(-1.0 if word.lower() in question else -3.0)
+                start = at + len(word)
+            choices.append(
+                SimpleNamespace(index=i, logprobs=SimpleNamespace(text_offset=offsets, token_logprobs=values))
+            )
+        return SimpleNamespace(choices=choices)
+
+
+def test_the_likelihood_judge_prefers_the_answer_the_question_explains() -> None:
+    judge = EchoJudge()
+    prompts = ["What does the word lantern mean?", "Define the word river."]
+    pairs = [("a lantern holds a light", "one cat sat"), ("a dog", "a river is a stream")]
+    prefs = asyncio.run(evaluation.evaluate(prompts, pairs, client=judge, method="likelihood"))
+    assert prefs == [1.0, 0.0]
+    # 4 answers, 2 texts each (with the question, and without), in one request.
+    assert len(judge.calls) == 1 and len(judge.calls[0]) == 8
+    assert judge.calls[0][0] == "Question: What does the word lantern mean?\nAnswer: a lantern holds a light"
+    assert judge.calls[0][1] == "Answer: a lantern holds a light"
+
+
+def test_each_answer_is_scored_once_and_remembered_across_calls() -> None:
+    judge = EchoJudge()
+    prompt = "What does the word tide mean?"
+    pairs = [("the tide", "a tide of the sea"), ("the tide", "nothing here")]
+    asyncio.run(evaluation.evaluate([prompt] * 2, pairs, client=judge, method="likelihood"))
+    assert sum(len(c) for c in judge.calls) == 2 * 3  # three distinct answers
+    again = asyncio.run(
+        evaluation.evaluate([prompt], [("the tide", "nothing here")], client=judge, method="likelihood")
+    )
+    assert again == [1.0] and sum(len(c) for c in judge.calls) == 6  # nothing asked again
+
+
+def test_an_empty_answer_loses_and_equal_scores_tie() -> None:
+    judge = EchoJudge()
+    prefs = asyncio.run(
+        evaluation.evaluate(
+            ["Define the word moon."] * 3,
+            [("", "moon"), ("  ", ""), ("sun one", "star two")],
+            client=judge,
+            method="likelihood",
+        )
+    )
+    assert prefs == [0.0, 0.5, 0.5]
+    scores = asyncio.run(evaluation.likelihood_scores(judge, [("q?", "")]))
+    assert scores == [-math.inf]
+
+
+def test_a_failing_judge_is_retried_then_left_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(evaluation.asyncio, "sleep", lambda s: real_sleep(0))  # no backoff in the test
+    flaky = EchoJudge(fail=2)
+    assert asyncio.run(
+        evaluation.evaluate(["Define the word hill."], [("a hill", "x")], client=flaky, method="likelihood")
+    ) == [1.0]
+    down = EchoJudge(fail=10**6)
+    assert asyncio.run(
+        evaluation.evaluate(["Define the word dale."], [("a dale", "x")], client=down, method="likelihood")
+    ) == [None]
+    assert len(down.calls) == evaluation.RETRIES + 1
+
+
+def test_a_spent_budget_is_not_retried() -> None:
+    spent = EchoJudge(
+        fail=10**6,
+        error=_status_error(
+            openai.RateLimitError, 429, {"code": "budget_exceeded", "message": "budget exceeded"}
+        ),
+    )
+    assert asyncio.run(
+        evaluation.evaluate(["Define the word vale."], [("a vale", "x")], client=spent, method="likelihood")
+    ) == [None]
+    assert len(spent.calls) == 1
+
+
+class ChatJudge:
+    """A prompted judge with a fixed positional bias: it always says A."""
+
+    def __init__(self, reply: str = "A") -> None:
+        self.seen: list[str] = []
+        self.reply = reply
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    async def create(
+        self, *, model: str, messages: list[dict[str, str]], max_tokens: int, temperature: float
+    ) -> Any:
+        self.seen.append(messages[0]["content"])
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=self.reply))])
+
+
+def test_the_prompted_judge_shows_each_pair_in_a_random_order_and_maps_the_answer_back() -> None:
+    judge = ChatJudge("A")
+    pairs = [(f"first {i}", f"second {i}") for i in range(40)]
+    prefs = asyncio.run(
+        evaluation.evaluate(["Say something."] * 40, pairs, client=judge, method="prompted", seed=3)
+    )
+    # A judge that always says "A" prefers whichever answer was shown first: half each way, not all 1.0.
+    assert set(prefs) == {0.0, 1.0} and 10 < prefs.count(1.0) < 30
+    for text, pref, (a, b) in zip(judge.seen, prefs, pairs, strict=True):
+        shown_first = a if text.index(a) < text.index(b) else b
+        assert (pref == 1.0) == (shown_first == a)
+    same = asyncio.run(
+        evaluation.evaluate(["Say something."] * 40, pairs, client=ChatJudge("A"), method="prompted", seed=3)
+    )
+    assert same == prefs  # the order is drawn from the seed
+
+
+def test_an_unreadable_verdict_is_a_failure_not_a_loss() -> None:
+    prefs = asyncio.run(
+        evaluation.evaluate(
+            ["Say hi."], [("hi", "hello")], client=ChatJudge("Both are fine."), method="prompted", seed=0
+        )
+    )
+    assert prefs == [None]
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="2 prompts but 1 pairs"):
+        asyncio.run(evaluation.evaluate(["a", "b"], [("x", "y")], client=EchoJudge()))
+    with pytest.raises(ValueError, match="unknown judge method"):
+        asyncio.run(evaluation.evaluate(["a"], [("x", "y")], client=EchoJudge(), method="vibes"))
