@@ -1,0 +1,293 @@
+"""chat_rl's assets and scorer on a tiny tier (the mini tier's code with a one-layer model and eight
+held-out instructions), judged by a fake echo judge in-process: what is scored, what is refused, what
+the message tells, judge failures and outages, and a judge that hangs past the scoring's time limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aiohttp import web
+from safetensors.torch import save_file
+
+from openrebench.api import TierSpec
+from openrebench.environments.chat_rl import _assets, chat_lm, data, scorer
+from openrebench.environments.chat_rl.env import MINI
+from openrebench.runs import ScoringAccess, get_environment, run_scorer
+from test_chat_rl_judge import EchoJudge
+
+pytest_plugins = ["lm_support"]
+
+TINY = MINI.model_copy(
+    update={
+        "vocab_size": 2048,
+        "n_layer": 1,
+        "n_head": 2,
+        "n_embd": 32,
+        "base_iters": 6,
+        "base_batch": 4,
+        "n_train_prompts": 40,
+        "n_sft": 40,
+        "n_heldout": 8,
+        "sft_steps": 3,
+        "sft_batch": 4,
+        "max_new_tokens": 8,
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(lm_home: Path, lm_sources: Path) -> tuple[TierSpec[Any], _assets.Built]:
+    spec = get_environment("chat_rl").tier("mini").model_copy(update={"name": "tiny", "params": TINY})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))
+        mp.setenv("OPENREBENCH_HOME", str(lm_home))
+        return spec, _assets.build(spec, lm_home)
+
+
+@pytest.fixture
+def run_dirs(tiny: tuple[TierSpec[Any], _assets.Built], tmp_path: Path) -> tuple[Path, Path]:
+    """(solution, protected) as a scoring sees them, the base model as the submission."""
+    _, built = tiny
+    solution, protected = tmp_path / "solution", tmp_path / "protected"
+    protected.mkdir()
+    shutil.copy(built.answers / "heldout.jsonl", protected / "heldout.jsonl")
+    shutil.copytree(built.tokenizer, protected / "tokenizer")
+    shutil.copy(built.base / "config.json", protected / "base_config.json")
+    shutil.copytree(built.base, solution / "model")
+    return solution, protected
+
+
+@pytest.fixture
+def judge(monkeypatch: pytest.MonkeyPatch) -> EchoJudge:
+    import openai
+
+    fake = EchoJudge()
+    monkeypatch.setattr(openai, "AsyncOpenAI", lambda **kw: fake)
+    return fake
+
+
+def _score(tiny: tuple[TierSpec[Any], _assets.Built], dirs: tuple[Path, Path]) -> Any:
+    return scorer.score(tiny[0], *dirs)
+
+
+# -- the assets ---------------------------------------------------------------------------------------
+
+
+def test_the_instruction_sets_are_disjoint_and_the_held_out_answers_stored(tiny: Any) -> None:
+    _, built = tiny
+    train = {r["instruction"] for r in chat_lm.read_jsonl(built.data / "train.jsonl")}
+    sft = {r["instruction"] for r in chat_lm.read_jsonl(built.data / "sft.jsonl")}
+    heldout = chat_lm.read_jsonl(built.answers / "heldout.jsonl")
+    assert len(train) == 40 and len(sft) == 40 and len(heldout) == 8
+    asked = {r["instruction"] for r in heldout}
+    assert not (train & sft) and not (train & asked) and not (sft & asked)
+    assert all({"base_answer", "sft_answer"} <= set(r) for r in heldout)
+    assert not (chat_lm.read_jsonl(built.data / "train.jsonl")[0].keys() - {"instruction"})  # no answers
+
+
+def test_gcide_entries_give_a_first_sense_and_refuse_what_is_not_clean() -> None:
+    lantern = (
+        'Lantern \\Lan"tern\\ (l[a^]n"t[~e]rn), n. [F. lanterne, L.\n   lanterna.]\n   1. Something '
+        "inclosing a light, and protecting it from wind,\n      rain, etc.; -- sometimes portable.\n"
+    )
+    # The first clause of the first sense, a dangling "etc" dropped.
+    assert data.first_sense(lantern, "lantern") == (
+        "noun",
+        "Something inclosing a light, and protecting it from wind, rain.",
+    )
+    assert data.first_sense(lantern, "lanterns") is None  # an inflected form sent to its word's entry
+    obsolete = 'Abate \\A*bate"\\, v. t.\n   1. To beat down; to overthrow. [Obs.]\n'
+    assert data.first_sense(obsolete) is None
+    assert data.first_sense("Bake \\Bake\\, v. i.\n   To be baked; to dry.\n") == ("verb", "To be baked.")
+
+
+def test_the_split_is_stable_and_by_key() -> None:
+    examples = [data.Example(f"q{i}", "a", "define", f"w{i}") for i in range(300)]
+    again = [data.Example(f"Q{i}?", "b", "part", f"w{i}") for i in range(300)]
+    a = data.split_examples(examples, seed=0, n_heldout=20, n_sft=50, n_train=50)
+    b = data.split_examples(again, seed=0, n_heldout=20, n_sft=50, n_train=50)
+    assert {e.key for e in a["heldout"]} <= {
+        e.key for e in examples if data.split_of(e.key, 0, (0.3, 0.15)) == "heldout"
+    }
+    assert {e.key for e in b["heldout"]} == {e.key for e in a["heldout"]}  # the same words, whatever is asked
+
+
+def test_alpaca_rows_become_instructions_with_their_inputs() -> None:
+    rows = [
+        {"instruction": "Translate.", "input": "bonjour", "output": "hello"},
+        {"instruction": "Name a colour.", "input": "", "output": "Red."},
+        {"instruction": "", "output": "x"},
+    ]
+    out = data.alpaca_examples(rows)
+    assert [(e.instruction, e.response) for e in out] == [
+        ("Translate.\n\nbonjour", "hello"),
+        ("Name a colour.", "Red."),
+    ]
+
+
+# -- the scorer ---------------------------------------------------------------------------------------
+
+
+def test_the_base_model_is_scored_and_the_message_gives_counts_only(
+    tiny: Any, run_dirs: Any, judge: EchoJudge
+) -> None:
+    result = _score(tiny, run_dirs)
+    assert result.raw is not None, result.message
+    d = result.details
+    assert result.raw == pytest.approx((d["win_vs_base"] + d["win_vs_sft"]) / 2)
+    assert d["n_prompts"] == 8 and d["judge_failures"] == 0
+    assert result.message.startswith("Valid: mean win rate") and "8 held-out instructions" in result.message
+    for row in chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl"):
+        assert row["instruction"] not in result.message
+    # The judge saw each answer (the submission's and the references', but empty ones, which lose
+    # unasked) after its instruction and alone.
+    texts = [t for call in judge.calls for t in call]
+    asked = sum(t.startswith("Question: ") for t in texts)
+    assert asked == sum(t.startswith("Answer:") for t in texts) and 0 < asked <= 3 * 8
+
+
+def test_answers_the_judge_prefers_win_and_empty_ones_lose(
+    tiny: Any, run_dirs: Any, judge: EchoJudge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl")
+    echo = [r["instruction"] + " " + r["instruction"] for r in rows]  # every word of the question, twice
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: echo)
+    best = _score(tiny, run_dirs)
+    assert best.details["win_vs_base"] == 1.0 and best.details["win_vs_sft"] == 1.0 and best.raw == 1.0
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: [""] * len(rows))
+    empty = _score(tiny, run_dirs)
+    assert empty.raw is not None and empty.raw <= 0.5 and empty.details["empty_answers"] == 8
+    assert "8 answers were empty" in empty.message
+
+
+def _state(built: _assets.Built) -> dict[str, torch.Tensor]:
+    return chat_lm.load_model(built.base).state_dict()
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("no folder", "there is no model/ folder"),
+        ("pickle only", "model/model.safetensors is missing (only safetensors weights are read)"),
+        ("link", "model/model.safetensors is missing"),
+        ("corrupt", "cannot be read as safetensors"),
+        ("wrong shape", "has shape"),
+        ("missing weight", "is not the base model's architecture"),
+        ("nan", "has non-finite values"),
+        ("integers", "is not a floating-point tensor"),
+    ],
+)
+def test_a_broken_submission_is_invalid_with_one_line(
+    tiny: Any, run_dirs: Any, judge: EchoJudge, damage: str, reason: str
+) -> None:
+    _, built = tiny
+    model = run_dirs[0] / "model"
+    weights = model / chat_lm.WEIGHTS
+    state = {k: v for k, v in _state(built).items() if k != "lm_head.weight"}
+    if damage == "no folder":
+        shutil.rmtree(model)
+    elif damage == "pickle only":
+        weights.unlink()
+        torch.save(state, model / "pytorch_model.bin")
+    elif damage == "link":
+        target = run_dirs[0] / "elsewhere.safetensors"
+        weights.rename(target)
+        weights.symlink_to(target)
+    elif damage == "corrupt":
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        name = "transformer.h.0.mlp.c_fc.weight"
+        if damage == "wrong shape":
+            state[name] = torch.zeros(state[name].shape[0], state[name].shape[1] + 1)
+        elif damage == "missing weight":
+            del state[name]
+        elif damage == "nan":
+            state[name] = state[name].clone().fill_(float("nan"))
+        else:
+            state[name] = torch.zeros(state[name].shape, dtype=torch.int32)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(weights))
+    result = _score(tiny, run_dirs)
+    assert result.raw is None and result.message.startswith("Invalid: ") and reason in result.message, (
+        result.message
+    )
+    assert "\n" not in result.message and not judge.calls  # refused before a single answer was judged
+
+
+def test_the_submissions_own_config_is_not_trusted(tiny: Any, run_dirs: Any, judge: EchoJudge) -> None:
+    config = run_dirs[0] / "model" / chat_lm.CONFIG
+    lie = json.loads(config.read_text()) | {"n_layer": 48, "n_embd": 4096}
+    config.write_text(json.dumps(lie))
+    assert _score(tiny, run_dirs).raw is not None  # read in the base model's architecture, which it fits
+
+
+def test_judge_failures_are_counted_and_left_out_and_an_outage_is_invalid(
+    tiny: Any, run_dirs: Any, judge: EchoJudge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda s: real_sleep(0))
+    monkeypatch.setattr(scorer.evaluation, "BATCH", 1)  # one answer a request: one fails, not its batch
+    first = chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl")[0]["instruction"]
+    create = judge.create
+
+    async def fails_on_the_first_instruction(**kw: Any) -> Any:
+        if any(first in text for text in kw["prompt"]):
+            raise RuntimeError("judge down")  # not retried: a failure, then None
+        return await create(**kw)
+
+    judge.completions.create = fails_on_the_first_instruction
+    partly = _score(tiny, run_dirs)
+    assert partly.raw is not None and partly.details["judge_failures"] >= 2
+    assert "comparisons failed (left out)" in partly.message
+    judge.fail = 10**6
+    judge.completions.create = create
+    down = _score(tiny, run_dirs)
+    assert down.raw is None and down.message.startswith("Invalid: the judge could not compare any answers")
+
+
+@pytest.fixture
+def hanging_judge() -> Iterator[str]:
+    """An OpenAI-compatible server whose completions never answer."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def never(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        return web.json_response({})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", never)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["port"] = runner.addresses[0][1]
+        box["stop"] = asyncio.Event()
+        ready.set()
+        await box["stop"].wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(10)
+    yield f"http://127.0.0.1:{box['port']}/v1"
+    loop.call_soon_threadsafe(box["stop"].set)
+    thread.join(10)
+
+
+def test_a_judge_that_hangs_ends_in_the_scoring_time_limit(run_dirs: Any, hanging_judge: str) -> None:
+    solution, protected = run_dirs
+    access = ScoringAccess(env={"OPENAI_BASE_URL": hanging_judge, "OPENAI_API_KEY": "test"})
+    result = run_scorer(
+        "chat_rl", "mini", solution, protected, timeout_s=20, memory_limit_gb=4, access=access
+    )
+    assert result.raw is None and "took longer than the 20 s scoring limit" in result.message, result.message
