@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOG_DIR ?= logs/demo
 
-.PHONY: demo view test lint install clean browser rust
+.PHONY: demo view test lint install clean browser rust debian
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP) rust
+demo: $(STAMP) rust debian
 	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo
 	$(BIN)/openrebench eval optimize_kernel --tier mini --agent react --model local --time-limit 1m \
 		--log-dir logs/demo --runs-dir runs/demo
@@ -28,7 +28,7 @@ view: $(STAMP)
 # tests alone, so that no other test's load moves what they measure.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) browser rust
+test: $(STAMP) browser rust debian
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
@@ -49,6 +49,13 @@ rust:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			rustc >/dev/null) || echo "note: could not install rustc; rust_codecontests will not run"; \
 	else echo "note: rustc not found (install Rust: apt-get install rustc, or rustup); rust_codecontests will not run"; fi
+
+# chat_rl's mini tier reads Debian's dictionary (dict-gcide, fetched with apt-get download, nothing
+# installed): make sure apt's package lists know it.
+debian:
+	@if command -v apt-get >/dev/null 2>&1 && ! apt-cache show dict-gcide >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq || echo "note: apt-get update failed; chat_rl's mini tier needs dict-gcide"; \
+		else echo "note: apt does not know dict-gcide (run apt-get update as root); chat_rl's mini tier needs it"; fi; fi
 
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
 lint: $(STAMP)

@@ -12,6 +12,7 @@ for the likelihood judge, its scores of the reference answers. These are keyed b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,21 @@ def _tokenizer(spec: TierSpec[ChatRLParams], cache_dir: Path) -> tuple[Path, Any
     return folder, data
 
 
+@contextlib.contextmanager
+def _one_thread(device: str) -> Iterator[None]:
+    import torch
+
+    if device != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _hub_base(name: str) -> Any | None:
     """GPT-2 (`gpt2-xl`...) from the Hub, or None where the Hub cannot be reached."""
     try:
@@ -148,15 +165,16 @@ def _base(spec: TierSpec[ChatRLParams], cache_dir: Path, data: Any) -> Path:
         seed=11,
         compile=p.device == "cuda",
     )
-    trained = build_trained_model(
-        f"chatrl-{spec.name}-pretrained",
-        model_config,
-        train_config,
-        data,
-        cache_dir=cache_dir,
-        progress=False,
-        label="chat_rl: the base model",
-    )
+    with _one_thread(p.device):  # a model this small trains faster on one thread (chat_lm.cpu_threads)
+        trained = build_trained_model(
+            f"chatrl-{spec.name}-pretrained",
+            model_config,
+            train_config,
+            data,
+            cache_dir=cache_dir,
+            progress=False,
+            label="chat_rl: the base model",
+        )
 
     def convert(partial: Path, deadline: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         chat_lm.save_model(trained.load().to_hf(), partial)
@@ -440,7 +458,13 @@ def build_with_judge(spec: TierSpec[ChatRLParams], cache_dir: Path, access: Mode
 
     def make(partial: Path, deadline: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         stats: dict[str, Any] = {}
+        done = partial / "work" / "done.json"  # an interrupted build goes on after the last step done
+        if done.is_file():
+            stats = json.loads(done.read_text())
         for which, pipeline in (("start", p.start), ("reference", p.reference)):
+            if which in stats and (partial / which / chat_lm.WEIGHTS).is_file():
+                continue
+            shutil.rmtree(partial / which, ignore_errors=True)
             with stage(f"the {which} pipeline against {judge}"):
                 stats[which] = run_pipeline(
                     spec,
@@ -450,6 +474,7 @@ def build_with_judge(spec: TierSpec[ChatRLParams], cache_dir: Path, access: Mode
                     access,
                     partial / which,
                 )
+            done.write_text(json.dumps(stats))
         if p.judge_method == "likelihood":
             with stage(f"{judge}'s scores of the reference answers"):
                 stats["scores"] = _reference_scores(built, access, partial / "scores.json", p.judge_workers)
@@ -484,21 +509,12 @@ def _digest(path: Path) -> str:
 def _reference_scores(built: Built, access: ModelAccess, out: Path, workers: int) -> dict[str, Any]:
     """The likelihood judge's scores of both reference models' held-out answers, by a child process
     started through `access` (the judge is reached from there)."""
-    code = (
-        "import asyncio, json, sys; sys.path.insert(0, sys.argv[1]); import evaluation as ev; "
-        "import openai; rows = [json.loads(x) for x in open(sys.argv[2]) if x.strip()]; "
-        "client = openai.AsyncOpenAI(max_retries=0, timeout=600); "
-        "run = lambda k: asyncio.run(ev.likelihood_scores(client, [(r['instruction'], r[k]) for r in rows], "
-        "max_workers=int(sys.argv[4]))); "
-        "json.dump({'base': run('base_answer'), 'sft': run('sft_answer')}, open(sys.argv[3], 'w'))"
-    )
     result = subprocess.run(
         [
             *access.prefix,
             sys.executable,
-            "-c",
-            code,
-            str(HERE),
+            "-m",
+            "openrebench.environments.chat_rl._judge_answers",
             str(built.answers / "heldout.jsonl"),
             str(out),
             str(workers),
