@@ -171,3 +171,32 @@ def test_bad_arguments_are_clear_errors() -> None:
         asyncio.run(evaluation.evaluate(["a", "b"], [("x", "y")], client=EchoJudge()))
     with pytest.raises(ValueError, match="unknown judge method"):
         asyncio.run(evaluation.evaluate(["a"], [("x", "y")], client=EchoJudge(), method="vibes"))
+
+
+@pytest.mark.slow
+def test_the_offline_judge_through_the_gateway_prefers_the_words_own_definition(tmp_path: Any) -> None:
+    """The real thing: Gemma 3 270M's echo log-probabilities through the gateway's socket, as the agent's
+    and the scorer's code reach it. Each instruction's own dictionary gloss against another word's."""
+    from openrebench.gateway import model_service
+
+    glosses = {"lantern": "A case that holds a light and protects it from the wind.",
+               "river": "A large natural stream of water flowing to the sea.",
+               "bread": "Food made of flour and water, baked in an oven.",
+               "winter": "The coldest season of the year."}
+    words = list(glosses)
+    prompts = [f'What does the word "{w}" mean?' for w in words]
+    pairs = [(glosses[w], glosses[words[(i + 1) % len(words)]]) for i, w in enumerate(words)]
+    service = model_service()
+    grant = service.grant(tmp_path / "run", {"judge": "local"})
+    try:
+        transport = httpx.AsyncHTTPTransport(uds=str(grant.socket_path))
+        client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=grant.token, max_retries=0,
+                                    http_client=httpx.AsyncClient(transport=transport, timeout=600))
+        prefs = asyncio.run(evaluation.evaluate(prompts, pairs, client=client, method="likelihood"))
+        evaluation._SCORES.clear()  # asked again, not remembered
+        swapped = asyncio.run(evaluation.evaluate(prompts, [(b, a) for a, b in pairs], client=client,
+                                                  method="likelihood"))
+    finally:
+        service.revoke(grant.token)
+    assert prefs == [1.0] * 4, prefs
+    assert swapped == [0.0] * 4  # the order the answers come in does not matter

@@ -16,17 +16,18 @@ Every built asset lives under `<cache>/lm/` with a manifest of sha256 checksums,
 """
 
 from ._assets import (
-                      AssetError,
-                      BuildIncomplete,
-                      Deadline,
-                      Manifest,
-                      assets_root,
-                      cached_build,
-                      load_manifest,
-                      verify,
+    AssetError,
+    BuildIncomplete,
+    Deadline,
+    Manifest,
+    assets_root,
+    cached_build,
+    load_manifest,
+    verify,
 )
 from ._checkpoint import Checkpoint, load_checkpoint, load_model, save_checkpoint
 from ._corpus import SPLITS, Corpus, build_corpus, gcide_root, load_corpus, openwebtext_available
+from ._gcide import first_sense, gcide_entries, plain_entries
 from ._model import GPT, GPTConfig
 from ._pretrained import TrainedModel, build_trained_model
 from ._sources import sources_dir
@@ -35,39 +36,11 @@ from ._train import TrainConfig, TrainResult, batch_generator, evaluate, get_bat
 from ._vocab import compact_corpus
 
 __all__ = [
-                      "EOT",
-                      "GPT",
-                      "SPLITS",
-                      "AssetError",
-                      "BuildIncomplete",
-                      "Checkpoint",
-                      "Corpus",
-                      "Deadline",
-                      "GPTConfig",
-                      "Manifest",
-                      "TrainConfig",
-                      "TrainResult",
-                      "TrainedModel",
-                      "assets_root",
-                      "batch_generator",
-                      "build_corpus",
-                      "build_trained_model",
-                      "cached_build",
-                      "compact_corpus",
-                      "evaluate",
-                      "gcide_root",
-                      "get_batch",
-                      "gpt2_hf_tokenizer",
-                      "gpt2_tokenizer",
-                      "gpt2_tokenizer_dir",
-                      "learning_rate",
-                      "load_checkpoint",
-                      "load_corpus",
-                      "load_manifest",
-                      "load_model",
-                      "openwebtext_available",
-                      "save_checkpoint",
-                      "sources_dir",
-                      "train",
-                      "verify",
+    "EOT", "GPT", "SPLITS", "AssetError", "BuildIncomplete", "Checkpoint", "Corpus", "Deadline",
+    "GPTConfig", "Manifest", "TrainConfig", "TrainResult", "TrainedModel", "assets_root",
+    "batch_generator", "build_corpus", "build_trained_model", "cached_build", "compact_corpus",
+    "evaluate", "first_sense", "gcide_entries", "gcide_root", "get_batch", "gpt2_hf_tokenizer",
+    "gpt2_tokenizer", "gpt2_tokenizer_dir", "learning_rate", "load_checkpoint", "load_corpus",
+    "load_manifest", "load_model", "openwebtext_available", "plain_entries", "save_checkpoint",
+    "sources_dir", "train", "verify",
 ]

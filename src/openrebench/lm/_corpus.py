@@ -329,16 +329,21 @@ def gcide_root(work: Path) -> tuple[Path, dict[str, str]]:
     return root, {"dict-gcide": f"{debian_version(deb)} sha256:{digest}"}
 
 
-def dictionary_documents(work: Path) -> tuple[list[Document], dict[str, Any]]:
-    """The mini corpus's plays and poems and the GCIDE dictionary: English prose and verse, and words
-    with their senses (a small tier's stand-in for a web corpus that has seen definitions)."""
+def dictionary_documents(work: Path, entries_per_document: int = 200
+                         ) -> tuple[list[Document], dict[str, Any]]:
+    """The mini corpus's plays and poems and the GCIDE dictionary's senses as plain prose, one entry a
+    line ("Lantern (noun): Something inclosing a light ..."): English prose and verse, and words with
+    what they mean (a small tier's stand-in for a web corpus that has seen definitions)."""
+    from ._gcide import plain_entries
+
     docs, source = shakespeare_documents()
     root, debian = gcide_root(work)
-    for doc in _gcide(root):
-        pieces = list(_pieces(clean_paragraphs(doc.text)))
-        docs += [Document(group=f"{doc.group}#{i}", name=f"{doc.name}#{i}", text="\n\n".join(piece))
-                 for i, piece in enumerate(pieces)]
-    return docs, {**source, "debian": debian}
+    lines = list(plain_entries(root / "usr/share/dictd"))
+    for i in range(0, len(lines), entries_per_document):
+        n = i // entries_per_document
+        docs.append(Document(group=f"gcide/{n:05d}", name=f"gcide/{n:05d}",
+                             text="\n".join(lines[i:i + entries_per_document])))
+    return docs, {**source, "debian": debian, "gcide_entries": len(lines)}
 
 
 def debian_documents(work: Path, deadline: Deadline | None = None,
@@ -458,6 +463,8 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
               "tokenizer": "gpt2", "max_document_chars": MAX_DOCUMENT_CHARS}
     if kind == "openwebtext":
         params["dataset"] = dataset
+    if kind == "dictionary":
+        params["gcide"] = "plain senses, one entry a line"  # not the raw dictd text (lm/_gcide.py)
     suffix = f"-max{max_documents}" if max_documents is not None else ""
     folder = assets_root(cache_dir) / f"corpus-{kind}-seed{seed}{suffix}"
 

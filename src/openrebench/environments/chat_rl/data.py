@@ -6,7 +6,7 @@ gives, GCIDE (Debian's dict-gcide: Webster's 1913 and WordNet) and the chatterbo
 
 - "What does the word "lantern" mean?", "Define the word ...", "Explain in a few words what ... means"
   (the demonstration: the first sense of the word's first entry, e.g. "Something inclosing a light,
-  and protecting it from wind, rain, etc.");
+  and protecting it from wind, rain.");
 - "What part of speech is the word "bake"?" ("Bake" is a verb.);
 - the chatterbot corpus's questions and answers ("What is a computer?").
 
@@ -17,15 +17,16 @@ read the web.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import random
 import re
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from openrebench.lm import first_sense, gcide_entries
 
 DEFINE = (
     'What does the word "{w}" mean?',
@@ -33,12 +34,7 @@ DEFINE = (
     'Explain in a few words what "{w}" means.',
 )
 PART = 'What part of speech is the word "{w}"?'
-PARTS = {"n.": "noun", "v. t.": "verb", "v. i.": "verb", "a.": "adjective", "adv.": "adverb"}
 CHATTERBOT = ("chatterbot-corpus", "1.3.3")
-_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-_HEAD = re.compile(
-    r"^(?P<word>[A-Za-z][a-z]+) \\[^\\\n]+\\(?: \([^)\n]*\))?,? (?P<pos>v\. t\.|v\. i\.|n\.|a\.|adv\.)"
-)
 
 
 @dataclass(frozen=True)
@@ -47,65 +43,6 @@ class Example:
     response: str
     family: str
     key: str  # what the split is decided by: the word, or the chatterbot question
-
-
-def _b64(text: str) -> int:
-    value = 0
-    for c in text:
-        value = value * 64 + _B64.index(c)
-    return value
-
-
-def gcide_entries(dictd: Path) -> Iterator[tuple[str, str]]:
-    """(headword, entry text) of dictd's gcide.index and gcide.dict.dz (gzip-compatible), in order."""
-    data = gzip.decompress((dictd / "gcide.dict.dz").read_bytes())
-    for line in (dictd / "gcide.index").read_text(encoding="utf-8", errors="replace").splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and not parts[0].startswith("00-"):
-            offset, length = _b64(parts[1]), _b64(parts[2])
-            yield parts[0], data[offset : offset + length].decode("utf-8", "replace")
-
-
-def _strip_brackets(text: str) -> str:
-    """Leading bracketed groups ([etymology], [imp. & p. p. ...]) and parenthesised labels, nested ones
-    included."""
-    text = text.lstrip()
-    while text and text[0] in "[(":
-        close, depth = {"[": "]", "(": ")"}[text[0]], 0
-        for i, c in enumerate(text):
-            depth += c == text[0]
-            depth -= c == close
-            if depth == 0:
-                text = text[i + 1 :].lstrip(" .,;")
-                break
-        else:
-            return ""
-    return text
-
-
-def first_sense(entry: str, word: str | None = None) -> tuple[str, str] | None:
-    """(part of speech, short gloss) of a GCIDE entry's first sense, or None where it has no clean one
-    (obsolete, a cross-reference, markup left, too short or too long)."""
-    head = _HEAD.match(entry)
-    if head is None:
-        return None
-    if word is not None and head["word"].lower() != word:
-        return None  # the index sends inflected forms ("derided") to their word's entry ("Deride")
-    first = entry.split("\n\n")[0]
-    body = " ".join(first[head.end() :].split())
-    body = _strip_brackets(body)
-    body = re.sub(r"^1\.\s*", "", body)
-    body = _strip_brackets(body)
-    if "Obs." in body[:200] or body.startswith(("See", "Same as", "Alt.", "pl.", "of ")):
-        return None
-    gloss = re.split(r";|\. |\[|--|\(\w+\.\)", body)[0].strip().rstrip(".,:")
-    gloss = re.sub(r",? (esp|etc|e\.g|i\.e|as|or)$", "", gloss.replace("{", "").replace("}", ""))
-    if re.search(r"[\\\[\]{}*\"=^`~|<>]", gloss) or not gloss[:1].isalpha():
-        return None
-    words = gloss.split()
-    if not 2 <= len(words) <= 20:
-        return None
-    return PARTS[head["pos"]], gloss[0].upper() + gloss[1:] + "."
 
 
 def gcide_examples(dictd: Path, keep: Callable[[str], bool]) -> list[Example]:
