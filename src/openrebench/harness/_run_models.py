@@ -39,7 +39,7 @@ from openrebench.runs import Run, ScoringAccess
 from ._layout import GATEWAY_DIR, GATEWAY_PORT
 
 GRANT_FILE = Path("gateway") / "grant.json"
-AGENT, SCORING = "agent", "scoring"
+AGENT, SCORING, BUILD = "agent", "scoring", "build"
 
 
 def declared_roles(env: Environment | type[Environment]) -> dict[str, list[str]]:
@@ -154,14 +154,16 @@ class RunModels:
         return self.service.ensure()
 
     @contextlib.contextmanager
-    def scoring(self, run: Run, sandboxed: bool) -> Iterator[ScoringAccess]:
+    def scoring(self, run: Run, sandboxed: bool, /, *, build: bool = False) -> Iterator[ScoringAccess]:
         """A grant for one scoring, revoked after it: the scoring sandbox sees the gateway's socket
         folder, and the scorer starts through `gateway-forward --exec` (the forwarder's file in the
-        package, run by the scorer's Python)."""
+        package, run by the scorer's Python). With `build`, for an asset build at set-up instead (phase
+        `build`, no budget: it is made once per set of models and cached)."""
         # A new id for every scoring (of this process or any other on the run): a fresh budget.
-        run_id = f"{run.path.name}/{SCORING}-{secrets.token_hex(4)}"
-        grant = self.service.grant(run.path, self.models, self.scoring_budget or self.budget, phase=SCORING,
-                                   run_id=run_id)
+        phase = BUILD if build else SCORING
+        run_id = f"{run.path.name}/{phase}-{secrets.token_hex(4)}"
+        budget = Budget() if build else self.scoring_budget or self.budget
+        grant = self.service.grant(run.path, self.models, budget, phase=phase, run_id=run_id)
         self._record(run)
         log = run.path / USAGE_LOG
         start = log.stat().st_size if log.exists() else 0

@@ -117,7 +117,7 @@ def build_assets(run: Run, env: Environment, cache_dir: Path, access: ScoringAcc
         roles = ", ".join(env.tier(tier).models)
         raise OpenRebenchError(f"{env.id} ({tier}) builds assets with its models ({roles}), and none were "
                                "given to this set-up")
-    with access(run, False) as given:
+    with access(run, False, build=True) as given:
         if given is None:
             raise OpenRebenchError(f"{env.id} ({tier}) builds assets with its models, and none were granted")
         env.build_with_models(tier, cache_dir, given)

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import psutil
 
@@ -239,8 +239,13 @@ class ScoringAccess:
     failure whatever the scorer made of it: a score measured while the models failed measures them."""
 
 
-ScoringAccessFn = Callable[["Run", bool], AbstractContextManager[ScoringAccess | None]]
-"""(run, sandboxed) -> a context holding the access for one scoring (granted on entry, revoked on exit)."""
+class ScoringAccessFn(Protocol):
+    """(run, sandboxed) -> a context holding the access for one scoring (granted on entry, revoked on
+    exit); with `build`, for an asset build of the run's set-up instead (unsandboxed, once per set of
+    models and cached, so on no scoring's budget)."""
+
+    def __call__(self, run: Run, sandboxed: bool, /, *,
+                 build: bool = False) -> AbstractContextManager[ScoringAccess | None]: ...
 
 
 RUN_CGROUP_ENV = "OPENREBENCH_RUN_CGROUP"
