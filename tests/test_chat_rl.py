@@ -291,3 +291,12 @@ def test_a_judge_that_hangs_ends_in_the_scoring_time_limit(run_dirs: Any, hangin
         "chat_rl", "mini", solution, protected, timeout_s=20, memory_limit_gb=4, access=access
     )
     assert result.raw is None and "took longer than the 20 s scoring limit" in result.message, result.message
+
+
+def test_a_set_up_without_the_judge_is_one_line_before_anything_is_built(tmp_path: Path) -> None:
+    from openrebench.api import OpenRebenchError
+    from openrebench.runs import start_run
+
+    with pytest.raises(OpenRebenchError, match=r"with its models \(judge\), and none were given"):
+        start_run("chat_rl", "mini", tmp_path / "run", score_start=False)
+    assert not (tmp_path / "run").exists() and not list(tmp_path.iterdir())

@@ -108,15 +108,17 @@ def set_up_files(run: Run, env: Environment, cache_dir: Path,
 
 def build_assets(run: Run, env: Environment, cache_dir: Path, access: ScoringAccessFn | None = None) -> None:
     """The run's tier's assets: `build_assets`, then `build_with_models` where the environment builds
-    with its tier's models (which `access` gives; without it, a one-line error)."""
+    with its tier's models (which `access` gives; without it, a one-line error before any build)."""
     tier = run.info.tier
-    env.build_assets(tier, cache_dir)
-    if not (env.builds_with_models and env.tier(tier).models):
-        return
-    if access is None:
+    with_models = env.builds_with_models and bool(env.tier(tier).models)
+    if with_models and access is None:
         roles = ", ".join(env.tier(tier).models)
         raise OpenRebenchError(f"{env.id} ({tier}) builds assets with its models ({roles}), and none were "
                                "given to this set-up")
+    env.build_assets(tier, cache_dir)
+    if not with_models:
+        return
+    assert access is not None
     with access(run, False, build=True) as given:
         if given is None:
             raise OpenRebenchError(f"{env.id} ({tier}) builds assets with its models, and none were granted")

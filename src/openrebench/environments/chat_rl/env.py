@@ -123,7 +123,7 @@ class ChatRL(Environment[ChatRLParams]):
             score_timeout_s=900,
             memory_limit_gb=4,
             params=MINI,
-            constants=NormConstants(start=0.0, reference=1.0, source="not yet calibrated"),
+            calibration=CALIBRATION / "mini--cpu-intel-xeon--judge-local.json",
             models={"judge": ModelRole(description="says which of two answers is better", model=LOCAL_MODEL)},
             model_budget=ModelBudget(tokens=2_000_000),
             scoring_model_budget=ModelBudget(tokens=1_000_000),
