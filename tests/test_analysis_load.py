@@ -239,7 +239,8 @@ def test_paper_environments_come_from_the_registry_and_the_release() -> None:
         if env_id in facts:  # a built-in RE-Bench environment: its own class says
             assert facts[env_id] == facts_of(cls)
     assert {f.env_id for f in RELEASE_ONLY_ENVIRONMENTS} == {"chat_rl", "rust_codecontests"}
-    assert facts["chat_rl"].source.startswith("the paper's release")
+    # Both are built in now: the registry's facts win, the release's are a fallback for installs without.
+    assert facts["chat_rl"].source == facts["rust_codecontests"].source == "registered environment"
     assert [e for e, f in facts.items() if not f.score_visible] == ["scaling_law"]
 
 

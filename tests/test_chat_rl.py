@@ -17,35 +17,18 @@ import torch
 from aiohttp import web
 from safetensors.torch import save_file
 
+from chat_rl_support import TINY
 from openrebench.api import TierSpec
 from openrebench.environments.chat_rl import _assets, chat_lm, data, scorer
-from openrebench.environments.chat_rl.env import MINI
 from openrebench.runs import ScoringAccess, get_environment, run_scorer
 from test_chat_rl_judge import EchoJudge
 
 pytest_plugins = ["lm_support"]
 
-TINY = MINI.model_copy(
-    update={
-        "vocab_size": 2048,
-        "n_layer": 1,
-        "n_head": 2,
-        "n_embd": 32,
-        "base_iters": 6,
-        "base_batch": 4,
-        "n_train_prompts": 40,
-        "n_sft": 40,
-        "n_heldout": 8,
-        "sft_steps": 3,
-        "sft_batch": 4,
-        "max_new_tokens": 8,
-    }
-)
-
-
 @pytest.fixture(scope="module")
 def tiny(lm_home: Path, lm_sources: Path) -> tuple[TierSpec[Any], _assets.Built]:
-    spec = get_environment("chat_rl").tier("mini").model_copy(update={"name": "tiny", "params": TINY})
+    # The mini tier's name, with tiny params: test_run_files builds the same assets.
+    spec = get_environment("chat_rl").tier("mini").model_copy(update={"params": TINY})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))
         mp.setenv("OPENREBENCH_HOME", str(lm_home))

@@ -4,6 +4,7 @@ protected data out of the workspace."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from chat_rl_support import echo_judge_server, judge_access
 from openrebench.api import Environment, OpenRebenchError, Placement, RunFiles, file_contents
 from openrebench.runs import (
     environment_classes,
@@ -18,6 +20,7 @@ from openrebench.runs import (
     install_reference,
     place,
     protected_leaks,
+    run_files,
     start_run,
 )
 
@@ -130,10 +133,15 @@ def test_per_run_files_are_written_after_the_declared_ones(tmp_path: Path,
 def _shorter(env_id: str, params: Any) -> Any:
     """The same files, built faster: restricted_mlm's two models trained for seconds (as its own tests
     do, so the build is shared), scaling_law's reference procedure on a reduced grid (as its test of
-    the procedure). fix_embedding keeps its models, shared with its own tests."""
+    the procedure), chat_rl's tiny tier (as its own tests). fix_embedding keeps its models, shared with
+    its own tests."""
     if env_id == "restricted_mlm":
         return params.model_copy(update={k: {**getattr(params, k), "max_iters": 25}
                                          for k in ("train_start", "train_reference")})
+    if env_id == "chat_rl":
+        from chat_rl_support import TINY
+
+        return TINY
     if env_id == "scaling_law":
         return params.model_copy(update={"reference": params.reference.model_copy(
             update={"budget_fractions": [0.02, 0.04, 0.08], "widths": [8, 16], "min_iters": 15})})
@@ -163,7 +171,12 @@ def test_the_declared_files_exist_land_where_declared_and_protected_ones_stay_ou
         env_id: str, built_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENREBENCH_HOME", str(built_home))
     env = get_environment(env_id)
-    files = env.files("mini", built_home)
+    with contextlib.ExitStack() as stack:
+        access, models = None, None
+        if env.builds_with_models:  # its models' assets are built at set-up, against a fake judge here
+            access, models = judge_access(stack.enter_context(echo_judge_server())), {"judge": "fake-echo"}
+        run, _ = start_run(env, "mini", tmp_path / "run", score_start=False, access=access, models=models)
+    files = run_files(run)  # the tier's files and those built for the run's models
     declared = {which: dict(file_contents(getattr(files, which)))
                 for which in ("workspace", "protected", "reference")}
     assert declared["workspace"] and declared["reference"], env_id
@@ -174,7 +187,6 @@ def test_the_declared_files_exist_land_where_declared_and_protected_ones_stay_ou
     for dest, data in declared["workspace"].items():  # (the reference may be protected: it is hidden)
         assert hashlib.sha256(data).hexdigest() not in secret, f"{env_id}: {dest} is protected data"
 
-    run, _ = start_run(env, "mini", tmp_path / "run", score_start=False)
     for which, root in (("workspace", run.workspace), ("protected", run.protected)):
         for dest, data in declared[which].items():
             assert (root / dest).read_bytes() == data, f"{env_id}: {which}/{dest}"

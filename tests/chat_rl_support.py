@@ -1,0 +1,92 @@
+"""What chat_rl's tests share: a tiny version of the mini tier's settings (a one-layer model, eight
+held-out instructions, pipelines of a few prompts), and an OpenAI-compatible fake judge served over
+HTTP (the echo log-probabilities of `test_chat_rl_judge.EchoJudge`'s rule), for code in child
+processes: the asset builder's pipelines reach it through a ScoringAccess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+
+from openrebench.environments.chat_rl.env import MINI
+from openrebench.environments.chat_rl.params import Pipeline
+from openrebench.runs import ScoringAccess
+
+TINY = MINI.model_copy(update={
+    "vocab_size": 2048, "n_layer": 1, "n_head": 2, "n_embd": 32, "base_iters": 6, "base_batch": 4,
+    "n_train_prompts": 40, "n_sft": 40, "n_heldout": 8, "sft_steps": 3, "sft_batch": 4, "max_new_tokens": 8,
+    "start": Pipeline(prompts=8, samples=2, steps=2, learning_rate=3e-4, mask_prompt=False),
+    "reference": Pipeline(prompts=8, samples=4, rounds=1, steps=2, learning_rate=5e-4, mask_prompt=True)})
+"""The mini tier's code at a size that builds in seconds (tests use it as the `mini` tier's params)."""
+
+
+def echo_logprobs(text: str) -> dict[str, Any]:
+    """The fake judge's echo of one text: each word after the last 'Answer:' costs -3 nats, -1 where the
+    question before it has the word too (so an answer scores 2 a word it shares with the instruction)."""
+    head, _, answer = text.rpartition("Answer:")
+    question = set(re.findall(r"[a-z]+", head.lower()))
+    offsets, values, tokens = [0], [None], [text[:1]]
+    start = len(head) + len("Answer:")
+    for word in answer.split():
+        at = text.index(word, start)
+        offsets.append(at)
+        values.append(-1.0 if word.lower() in question else -3.0)
+        tokens.append(word)
+        start = at + len(word)
+    return {"tokens": tokens, "token_logprobs": values, "text_offset": offsets, "top_logprobs": None}
+
+
+@contextlib.contextmanager
+def echo_judge_server() -> Iterator[str]:
+    """An OpenAI-compatible judge on 127.0.0.1 answering echo completions; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        choices = [{"index": i, "text": p, "logprobs": echo_logprobs(p), "finish_reason": "length"}
+                   for i, p in enumerate(prompts)]
+        tokens = sum(len(c["logprobs"]["tokens"]) for c in choices)
+        usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
+        return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
+                                  "model": "fake", "choices": choices, "usage": usage})
+
+    async def main() -> None:
+        app = web.Application(client_max_size=1 << 24)
+        app.router.add_post("/v1/completions", complete)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        box["port"] = runner.addresses[0][1]
+        box["stop"] = asyncio.Event()
+        ready.set()
+        await box["stop"].wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{box['port']}/v1"
+    finally:
+        loop.call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+def judge_access(url: str, judge: str = "fake-echo") -> Any:
+    """A ScoringAccessFn giving the scorer, and an asset build, the fake judge at `url`."""
+    access = ScoringAccess(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "test"}, models={"judge": judge})
+
+    @contextlib.contextmanager
+    def give(run: Any, sandboxed: bool, /, *, build: bool = False) -> Iterator[ScoringAccess]:
+        yield access
+
+    return give
