@@ -10,6 +10,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -226,13 +227,51 @@ def test_judge_failures_are_counted_and_left_out_and_an_outage_is_invalid(
         return await create(**kw)
 
     judge.completions.create = fails_on_the_first_instruction
+    # 2 of 16 comparisons: more than the 5% a valid scoring may leave out (on 512 instructions, 51)
+    too_many = _score(tiny, run_dirs)
+    assert too_many.raw is None and too_many.details["judge_failures"] == 2
+    assert too_many.message.startswith("Invalid: the judge could not be asked for 2 of 16 comparisons")
+    monkeypatch.setattr(scorer, "MAX_LEFT_OUT", 0.2)
     partly = _score(tiny, run_dirs)
-    assert partly.raw is not None and partly.details["judge_failures"] >= 2
-    assert "comparisons failed (left out)" in partly.message
+    assert partly.raw is not None and partly.details["judge_failures"] == 2
+    assert "2 of 16 comparisons failed (left out)" in partly.message
     judge.fail = 10**6
     judge.completions.create = create
     down = _score(tiny, run_dirs)
     assert down.raw is None and down.message.startswith("Invalid: the judge could not compare any answers")
+
+
+class DodgedJudge:
+    """A prompted judge that will not answer when an answer holds DODGE (as a real judge may refuse
+    a request, or reply with neither letter), and otherwise prefers the answer holding WIN."""
+
+    def __init__(self) -> None:
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    async def create(self, *, messages: list[dict[str, str]], **kw: Any) -> Any:
+        text = messages[0]["content"]
+        if "DODGE" in text:
+            reply = "I cannot help with that."
+        else:
+            a = text.split("### Answer A:")[1].split("### Answer B:")[0]
+            reply = "A" if "WIN" in a else "B"
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=reply))])
+
+
+def test_a_prompted_verdict_the_answer_prevents_counts_as_a_loss(
+    tiny: Any, run_dirs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left out, a comparison the submission would lose could be dodged: answers that make the judge
+    refuse would leave the win rate to the comparisons it wins. They count as losses instead."""
+    import openai
+
+    spec, _ = tiny
+    prompted = spec.model_copy(update={"params": spec.params.model_copy(update={"judge_method": "prompted"})})
+    monkeypatch.setattr(openai, "AsyncOpenAI", lambda **kw: DodgedJudge())
+    n = len(chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl"))
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: ["WIN"] + ["DODGE"] * (n - 1))
+    result = scorer.score(prompted, *run_dirs)
+    assert result.raw == pytest.approx(1 / n) and result.details["judge_failures"] == 0, result.message
 
 
 @pytest.fixture

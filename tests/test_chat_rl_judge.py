@@ -157,13 +157,22 @@ def test_the_prompted_judge_shows_each_pair_in_a_random_order_and_maps_the_answe
     assert same == prefs  # the order is drawn from the seed
 
 
-def test_an_unreadable_verdict_is_a_failure_not_a_loss() -> None:
-    prefs = asyncio.run(
-        evaluation.evaluate(
-            ["Say hi."], [("hi", "hello")], client=ChatJudge("Both are fine."), method="prompted", seed=0
-        )
-    )
-    assert prefs == [None]
+@pytest.mark.parametrize("reply", ["Both are fine.", "Neither is a good answer.", "I cannot help with that."])
+def test_an_unreadable_verdict_is_left_out_or_counted_as_the_caller_says(reply: str) -> None:
+    def ask(**kw: Any) -> list[float | None]:
+        return asyncio.run(evaluation.evaluate(
+            ["Say hi."], [("hi", "hello")], client=ChatJudge(reply), method="prompted", seed=0, **kw))
+
+    assert ask() == [None]  # the agent's default: no verdict
+    assert ask(unreadable=0.0) == [0.0]  # the scorer's: a loss for the first answer
+
+
+def test_a_request_refused_for_its_content_takes_the_callers_value() -> None:
+    refused = EchoJudge(fail=10**6, error=_status_error(openai.BadRequestError, 400))
+    scores = asyncio.run(evaluation.likelihood_scores(refused, [("q?", "an answer")], rejected=-math.inf))
+    assert scores == [-math.inf] and len(refused.calls) == 1  # not retried
+    assert asyncio.run(evaluation.likelihood_scores(EchoJudge(fail=1, error=_status_error(
+        openai.BadRequestError, 400)), [("q?", "an answer")])) == [None]
 
 
 def test_bad_arguments_are_clear_errors() -> None:

@@ -199,12 +199,12 @@ def _pairs(record: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_every_family_has_a_reference_solution_here() -> None:
-    assert set(REFERENCE) == set(problems.FAMILY_BY_NAME)
+    assert set(REFERENCE) == set(problems.family_by_name())
 
 
-@pytest.mark.parametrize("name", sorted(problems.FAMILY_BY_NAME))
+@pytest.mark.parametrize("name", sorted(problems.family_by_name()))
 def test_generated_outputs_match_an_independent_solution(name: str) -> None:
-    family = problems.FAMILY_BY_NAME[name]
+    family = problems.family_by_name()[name]
     for seed in SEEDS:
         record = problems.make_instance(family, seed, n_public=2, n_private=4, n_generated=8)
         for stdin, expected in _pairs(record):
@@ -216,19 +216,19 @@ def test_generated_outputs_match_an_independent_solution(name: str) -> None:
 def test_yes_no_families_expect_both_answers() -> None:
     for name in ("is_even", "triangle", "power_of_two", "divisible", "leap_year", "is_sorted", "palindrome"):
         answers = {o for seed in SEEDS
-                   for _, o in _pairs(problems.make_instance(problems.FAMILY_BY_NAME[name], seed))}
+                   for _, o in _pairs(problems.make_instance(problems.family_by_name()[name], seed))}
         assert answers == {"YES", "NO"}, name
 
 
 def test_hidden_tests_reach_the_edge_cases() -> None:
     def inputs(name: str) -> list[str]:
-        record = problems.make_instance(problems.FAMILY_BY_NAME[name], 0)
+        record = problems.make_instance(problems.family_by_name()[name], 0)
         return record["private_tests"]["input"]
 
     assert "1\n" in inputs("sum_1_to_n") and "0\n" in inputs("digit_sum")
     assert any(s.startswith("1\n") for s in inputs("min_list"))  # a list of one
     assert any(s.startswith("20\n") for s in inputs("sort_list"))  # the longest
-    sums = problems.make_instance(problems.FAMILY_BY_NAME["sum_list"], 0)["private_tests"]["output"]
+    sums = problems.make_instance(problems.family_by_name()["sum_list"], 0)["private_tests"]["output"]
     assert any(abs(int(o)) > 2**31 for o in sums)  # an i32 accumulator overflows
 
 
@@ -237,8 +237,8 @@ def test_split_has_26_valid_and_24_held_out_families_disjoint() -> None:
     assert len(valid) == 26 and len(test) == 24
     assert {r["family"] for r in valid}.isdisjoint({r["family"] for r in test})
     assert {r["name"] for r in valid}.isdisjoint({r["name"] for r in test})
-    assert [f.name for f in problems.FAMILIES if f.split == "valid"] == [r["family"] for r in valid]
-    assert [f.name for f in problems.FAMILIES if f.split == "test"] == [r["family"] for r in test]
+    assert [f.name for f in problems.families() if f.split == "valid"] == [r["family"] for r in valid]
+    assert [f.name for f in problems.families() if f.split == "test"] == [r["family"] for r in test]
 
 
 def test_mini_problems_are_deterministic_and_differ_across_seeds() -> None:
@@ -259,11 +259,11 @@ def test_description_quotes_the_first_public_test() -> None:
 
 
 def test_make_instance_counts_tests_and_needs_a_public_one() -> None:
-    r = problems.make_instance(problems.FAMILY_BY_NAME["gcd"], 9, n_public=2, n_private=3, n_generated=7)
+    r = problems.make_instance(problems.family_by_name()["gcd"], 9, n_public=2, n_private=3, n_generated=7)
     assert [len(r[g]["input"]) for g in GROUPS] == [2, 3, 7]
     assert [len(r[g]["output"]) for g in GROUPS] == [2, 3, 7]
     with pytest.raises(ValueError):
-        problems.make_instance(problems.FAMILY_BY_NAME["gcd"], 9, n_public=0)
+        problems.make_instance(problems.family_by_name()["gcd"], 9, n_public=0)
 
 
 # ---- CodeContests ---------------------------------------------------------------------------------

@@ -186,9 +186,10 @@ def test_mixed_scaffold_message_gives_counts_only(mixed: tuple[ScoreResult, floa
     n, p = len(MIXED), 4 / len(MIXED)
     se = math.sqrt(p * (1 - p) / n)
     assert result.message.startswith(f"Valid: 4 of 13 held-out problems solved ({p:.3f}, standard error "
-                                     f"{se:.3f}); the others: "), result.message
-    assert ("the others: 1 compile error, 3 host failed, 1 not a string, 1 raised, 1 runtime error, "
-            "1 timeout, 1 wrong answer.") in result.message
+                                     f"{se:.3f}). "), result.message
+    # how the others failed is hidden: the scaffold could choose it per held-out problem (a channel)
+    for outcome in result.details["outcomes"]:
+        assert outcome.replace("_", " ") not in result.message.replace("How the others failed", "")
     assert "\n" not in result.message
 
 

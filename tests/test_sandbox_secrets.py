@@ -1,6 +1,7 @@
 """Nothing secret is readable in the agent's sandbox: every file it can read under the Python
 environment (the venv, where the package's metadata lives) and the package is searched for the
-reference solutions' descriptions and code, ground truths and calibration results."""
+reference solutions' descriptions and code, held-out problem generators, ground truths and calibration
+results."""
 
 from __future__ import annotations
 
@@ -65,13 +66,14 @@ print(json.dumps({"hits": hits, "files": files, "unreadable": unreadable}))
 
 
 def _markers() -> dict[str, list[str]]:
-    """Descriptions of the references, lines of their code found nowhere else in the package, and the
-    exact values of ground truths and calibration records (their reprs, as any copy would write them)."""
+    """Descriptions of the references, lines of their code and of held-out generators (statements
+    included) found nowhere else in the package, and the exact values of ground truths and calibration
+    records (their reprs, as any copy would write them)."""
     lines, numbers = [], []
     elsewhere = "\n".join(p.read_text(errors="replace") for p in PACKAGE.rglob("*.py")
-                          if "reference" not in p.parts)
+                          if not {"reference", "heldout"} & set(p.parts))
     for env in sorted(PACKAGE.glob("environments/*")):
-        for ref in sorted((env / "reference").glob("*.py")):
+        for ref in sorted([*(env / "reference").glob("*.py"), *(env / "heldout").glob("*.py")]):
             stripped = [x.strip() for x in ref.read_text().splitlines()]
             lines += [x for x in stripped
                       if len(x) > 40 and not x.startswith(("#", '"', "'", "from ", "import "))
@@ -93,6 +95,7 @@ def test_no_file_readable_in_the_agents_sandbox_holds_secrets(tmp_path: Path) ->
     assert len(markers["lines"]) > 20 and len(markers["numbers"]) > 30
     # the markers do find the secrets where they are (the test can fail)
     for secret, kind in (("environments/fix_embedding/reference/fix.py", "lines"),
+                         ("environments/rust_codecontests/heldout/families.py", "lines"),
                          ("environments/scaling_law/reference/constants.json", "numbers")):
         assert any(m in (PACKAGE / secret).read_text() for m in markers[kind]), secret
     assert all(m in " ".join((REPO / "README.md").read_text().split()) for m in DESCRIPTIONS)

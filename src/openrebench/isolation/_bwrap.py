@@ -115,7 +115,7 @@ def package_root() -> Path:
     return Path(openrebench.__file__).resolve().parent.parent
 
 
-HIDDEN_ENVIRONMENT_DIRS = ("reference", "calibration")
+HIDDEN_ENVIRONMENT_DIRS = ("reference", "calibration", "heldout")
 PLUGIN_ROOT = "/run/openrebench-plugins"
 
 
@@ -183,7 +183,7 @@ def forget_plugins() -> None:
 
 
 def _hidden_in(package: Path) -> list[Path]:
-    """A plug-in's folders that no sandbox may read: any reference/ or calibration/ in its package (an
+    """A plug-in's folders that no sandbox may read: any reference/, calibration/ or heldout/ in its package (an
     environment's root may lie anywhere in it)."""
     if not package.is_dir():
         return []
@@ -192,8 +192,8 @@ def _hidden_in(package: Path) -> list[Path]:
 
 def hidden_package_dirs() -> list[str]:
     """What the package holds that no sandbox may read, masked with an empty tmpfs: each environment's
-    reference solution (and its ground truths) and its calibration records (the reference's results),
-    those of installed plug-ins included."""
+    reference solution (and its ground truths), its calibration records (the reference's results) and
+    its held-out material (heldout/), those of installed plug-ins included."""
     import openrebench
 
     root = Path(openrebench.__file__).resolve().parent

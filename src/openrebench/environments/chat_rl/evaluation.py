@@ -3,7 +3,9 @@
     prefs = await evaluate(prompts, pairs, max_workers=8)
 
 For each instruction `prompts[i]` and answers `pairs[i] = (a, b)`: 1.0 where the judge prefers `a`,
-0.0 where it prefers `b`, 0.5 for a tie, None where the judge could not be asked (after retries).
+0.0 where it prefers `b`, 0.5 for a tie, None where the judge could not be asked (after retries) or its
+verdict could not be read (`unreadable=` sets what such a pair counts instead: the scorer counts it as a
+loss for the submission's answer, so an answer cannot buy its way out of a comparison it would lose).
 This is the agent's only way to the judge (through the model gateway: OPENAI_BASE_URL and
 OPENAI_API_KEY are set in the sandbox) and the scorer asks it the same way, with its own copy of this
 file. Every call spends the run's model budget.
@@ -62,6 +64,14 @@ def _clean(answer: object) -> str:
     return " ".join(str(answer).split())[:MAX_ANSWER_CHARS] if isinstance(answer, str) else ""
 
 
+def _content_error(error: Exception) -> bool:
+    """A refusal of the request itself (400, 422): what the answers in it made the backend reject, not
+    the judge being unreachable."""
+    import openai
+
+    return isinstance(error, openai.BadRequestError | openai.UnprocessableEntityError)
+
+
 def _retryable(error: Exception) -> bool:
     import openai
 
@@ -91,10 +101,11 @@ def _answer_logprob(choice: Any, prefix: str) -> float:
 
 
 async def likelihood_scores(
-    client: Any, items: Sequence[tuple[str, str]], *, max_workers: int = 8
+    client: Any, items: Sequence[tuple[str, str]], *, max_workers: int = 8, rejected: float | None = None
 ) -> list[float | None]:
     """The likelihood judge's score of each (instruction, answer): None where it failed, -inf for an
-    empty answer (it loses to anything)."""
+    empty answer (it loses to anything); `rejected` for answers whose request the backend refused as
+    such (400, 422: None unless given; the scorer gives -inf)."""
     semaphore = asyncio.Semaphore(max_workers)
     scores: list[float | None] = [None] * len(items)
     todo = []
@@ -122,7 +133,10 @@ async def likelihood_scores(
                         model=ROLE, prompt=texts, echo=True, max_tokens=0, logprobs=0
                     )
                 )
-            except Exception:
+            except Exception as e:
+                if _content_error(e):
+                    for i in indices:
+                        scores[i] = rejected
                 return
         choices = sorted(out.choices, key=lambda c: c.index)
         if len(choices) != len(texts):
@@ -138,12 +152,19 @@ async def likelihood_scores(
 
 
 def _letter(text: str) -> str | None:
-    found = re.search(r"\b([AB])\b", text.strip().upper())
+    """The verdict: the reply's first standalone capital A or B (case kept, so the article 'a' of "Neither
+    is a good answer" is no verdict)."""
+    found = re.search(r"\b([AB])\b", text.strip())
     return found[1] if found else None
 
 
 async def _prompted(
-    client: Any, prompts: Sequence[str], pairs: Sequence[tuple[str, str]], max_workers: int, seed: int | None
+    client: Any,
+    prompts: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    max_workers: int,
+    seed: int | None,
+    unreadable: float | None = None,
 ) -> list[float | None]:
     rng = random.Random(seed)
     swaps = [rng.random() < 0.5 for _ in pairs]  # the presentation order, drawn per pair
@@ -167,11 +188,11 @@ async def _prompted(
                             temperature=0,
                         )
                     )
-                except Exception:
-                    return None
+                except Exception as e:
+                    return unreadable if _content_error(e) else None
             letter = _letter(out.choices[0].message.content or "")
             if letter is None:
-                return None
+                return unreadable
             first_better = letter == "A"
         return float(first_better != swap)
 
@@ -197,12 +218,14 @@ async def evaluate(
     client: Any = None,
     method: str | None = None,
     seed: int | None = None,
+    unreadable: float | None = None,
 ) -> list[float | None]:
     """The judge's preference for the first answer of each pair (see the module's docstring).
 
     `client`: an `openai.AsyncOpenAI` (default: one from OPENAI_BASE_URL and OPENAI_API_KEY);
     `method`: `likelihood` or `prompted` (default: the tier's, from judge.json); `seed`: the random
-    presentation order of the prompted judge."""
+    presentation order of the prompted judge; `unreadable`: what a pair counts whose verdict could not be
+    read or whose request the backend refused (None: left out)."""
     if len(prompts) != len(pairs):
         raise ValueError(f"{len(prompts)} prompts but {len(pairs)} pairs")
     if client is None:
@@ -211,7 +234,7 @@ async def evaluate(
         client = openai.AsyncOpenAI(max_retries=0, timeout=600)
     method = method or judge_method()
     if method == "prompted":
-        return await _prompted(client, prompts, pairs, max_workers, seed)
+        return await _prompted(client, prompts, pairs, max_workers, seed, unreadable)
     if method != "likelihood":
         raise ValueError(f"unknown judge method {method!r} (likelihood, prompted)")
     unique: dict[tuple[str, str], int] = {}

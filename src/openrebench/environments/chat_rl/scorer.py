@@ -7,8 +7,11 @@ shapes, floating dtype, finite); the submission's own config.json is not trusted
 `protected/`, is used). The scorer samples one answer per held-out instruction with the tier's fixed
 settings and a fresh seed, and asks the judge (the run's `judge` role, through the gateway) to compare
 it with each reference model's stored answer, in an order drawn at random per pair. A judge call that
-fails after its retries is counted and left out of the win rates, never counted as a loss; the message
-gives counts only, never an instruction or an answer.
+fails after its retries (the judge unreachable, its backend down) is counted and left out of the win
+rates, never counted as a loss; more than `MAX_LEFT_OUT` of the comparisons left out make the scoring
+invalid. A verdict the answers themselves prevent (a reply with no A or B, a request the backend refuses
+for its content) counts as a loss: otherwise a model could dodge the comparisons it would lose. The
+message gives counts only, never an instruction or an answer.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .params import ChatRLParams
 
 MAX_WEIGHTS_BYTES = 8 << 30
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+MAX_LEFT_OUT = 0.05  # the share of comparisons that may fail and be left out of a valid scoring
 
 
 def load_submission(folder: Path, config: dict[str, Any], device: str) -> Any:
@@ -98,7 +102,7 @@ async def _judge(
     out: dict[str, list[float | None]] = {}
     if p.judge_method == "likelihood":
         ours = await evaluation.likelihood_scores(
-            client, list(zip(prompts, answers, strict=True)), max_workers=p.judge_workers
+            client, list(zip(prompts, answers, strict=True)), max_workers=p.judge_workers, rejected=-math.inf
         )
         for name in ("base", "sft"):
             theirs = (cached or {}).get(name)
@@ -113,7 +117,7 @@ async def _judge(
     for k, name in enumerate(("base", "sft")):
         pairs = [(a, r[f"{name}_answer"]) for a, r in zip(answers, rows, strict=True)]
         out[name] = await evaluation.evaluate(
-            prompts, pairs, p.judge_workers, client=client, method="prompted", seed=seed + k
+            prompts, pairs, p.judge_workers, client=client, method="prompted", seed=seed + k, unreadable=0.0
         )
     return out
 
@@ -159,6 +163,12 @@ def score(spec: TierSpec[ChatRLParams], solution: Path, protected: Path) -> Scor
     if win_base is None or win_sft is None:
         return ScoreResult.invalid(
             f"Invalid: the judge could not compare any answers ({failures} judge failures after retries).",
+            **details,
+        )
+    if failures > MAX_LEFT_OUT * 2 * len(rows):
+        return ScoreResult.invalid(
+            f"Invalid: the judge could not be asked for {failures} of {2 * len(rows)} comparisons (more than "
+            f"{MAX_LEFT_OUT:.0%}; left out, they would leave the win rates to the rest).",
             **details,
         )
     raw = (win_base + win_sft) / 2

@@ -183,11 +183,12 @@ def score(spec: TierSpec[RustCodecontestsParams], solution: Path, protected: Pat
     p = solved / n
     se = math.sqrt(p * (1 - p) / n)
     counts = Counter(outcomes)
-    shown = ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in sorted(counts) if k != "solved")
-    message = (f"Valid: {solved} of {n} held-out problems solved ({p:.3f}, standard error {se:.3f})"
-               + (f"; the others: {shown}" if shown else "")
-               + ". What the scaffold raised or printed on held-out problems is not shown: debug with "
-               "evaluate.py on the validation problems.")
+    # The paper's message: counts only. How each other problem failed stays in the hidden details: the
+    # scaffold reads every held-out statement and could pick each problem's way of failing (raise,
+    # time out, return a non-string...), making the breakdown a channel for the held-out set.
+    message = (f"Valid: {solved} of {n} held-out problems solved ({p:.3f}, standard error {se:.3f}). "
+               "How the others failed, and what the scaffold raised or printed on held-out problems, is "
+               "not shown: debug with evaluate.py on the validation problems.")
     return ScoreResult(raw=p, message=message, details={
         "n_successes": solved, "n_problems": n, "standard_error": se, "outcomes": dict(counts),
         "by_problem": {str(pr.get("name")): o for pr, o in zip(problems, outcomes, strict=True)},
