@@ -152,9 +152,21 @@ def test_a_file_changing_while_copied_gives_one_clear_invalid_row(kernel_run: Ru
 def test_limits_give_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str, value: int,
                                      expected: str) -> None:
     ws = workspace_with(tmp_path, {"a/b/c/d.txt": "0123456789abc", "e.txt": "e", "f.txt": "f"})
+    if limit == "MAX_SNAPSHOT_BYTES":  # a tier's own (TierSpec.max_workspace_gb), passed in
+        with pytest.raises(OpenRebenchError, match=expected):
+            snapshot_workspace(ws, tmp_path / "dest", max_bytes=value)
+        return
     monkeypatch.setattr(_scoring, limit, value)
     with pytest.raises(OpenRebenchError, match=expected):
         snapshot_workspace(ws, tmp_path / "dest")
+
+
+def test_a_tier_sets_its_own_workspace_limit() -> None:
+    """chat_rl's full tier holds two GPT-2 XL checkpoints (6.2 GB each in fp32): over the 4 GiB default."""
+    from openrebench.runs import get_environment
+
+    assert get_environment("optimize_kernel").tier("mini").max_workspace_gb == 4
+    assert get_environment("chat_rl").tier("full").max_workspace_gb >= 16
 
 
 def test_a_workspace_replaced_by_a_link_is_invalid_not_followed(kernel_run: Run, outside: Path) -> None:

@@ -93,6 +93,8 @@ class TierSpec(BaseModel, Generic[P]):
     time_limit_hours: float = Field(description="Default working-time budget for an attempt.")
     score_timeout_s: float = Field(description="Wall-clock limit of one scoring, set-up included.")
     memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
+    max_workspace_gb: float = Field(default=4, gt=0, description=(
+        "The largest workspace a scoring copies (its snapshot): a bigger one scores invalid."))
     gpus: int = Field(default=0, description="GPUs an attempt holds exclusively (0: one if device is "
                                              "cuda, else none).")
     params: P = Field(default_factory=NoParams,  # type: ignore[assignment] - a tier may need none

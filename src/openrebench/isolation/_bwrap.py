@@ -183,8 +183,8 @@ def forget_plugins() -> None:
 
 
 def _hidden_in(package: Path) -> list[Path]:
-    """A plug-in's folders that no sandbox may read: any reference/, calibration/ or heldout/ in its package (an
-    environment's root may lie anywhere in it)."""
+    """A plug-in's folders that no sandbox may read: any reference/, calibration/ or heldout/ in its
+    package (an environment's root may lie anywhere in it)."""
     if not package.is_dir():
         return []
     return sorted(p for name in HIDDEN_ENVIRONMENT_DIRS for p in package.rglob(name) if p.is_dir())

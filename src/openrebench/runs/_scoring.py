@@ -48,7 +48,7 @@ from ._registry import get_environment
 from ._run import Run, check_new_run_dir
 from ._score_log import ScoreRow, append_row
 
-MAX_SNAPSHOT_BYTES = 4 * 1024**3
+MAX_SNAPSHOT_BYTES = 4 * 1024**3  # the default; a tier may set its own (TierSpec.max_workspace_gb)
 MAX_SNAPSHOT_FILES = 200_000
 MAX_SNAPSHOT_DEPTH = 64
 RESULT_TAG = "OPENREBENCH-RESULT"
@@ -72,11 +72,12 @@ def _before_open(rel: str) -> None:
 class _Snapshot:
     """The state of one copy: the digest, notes, and the limits' counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
         self.digest = hashlib.sha256()
         self.notes: list[str] = []
         self.bytes = 0
         self.files = 0
+        self.max_bytes = max_bytes
 
     def copy_dir(self, src_fd: int, dst_fd: int, rel: str, depth: int) -> None:
         if depth > MAX_SNAPSHOT_DEPTH:
@@ -149,8 +150,8 @@ class _Snapshot:
                 while block := _read(fd, 1 << 20):
                     copied += len(block)
                     self.bytes += len(block)
-                    if self.bytes > MAX_SNAPSHOT_BYTES:
-                        raise OpenRebenchError(f"the workspace is over the {MAX_SNAPSHOT_BYTES >> 30} GiB "
+                    if self.bytes > self.max_bytes:
+                        raise OpenRebenchError(f"the workspace is over the {self.max_bytes / 1024**3:g} GiB "
                                                "snapshot limit")
                     self.digest.update(block)
                     view = memoryview(block)
@@ -165,7 +166,8 @@ class _Snapshot:
             os.close(fd)
 
 
-def snapshot_workspace(workspace: Path, dest: Path) -> tuple[str, list[str]]:
+def snapshot_workspace(workspace: Path, dest: Path, max_bytes: int = MAX_SNAPSHOT_BYTES
+                       ) -> tuple[str, list[str]]:
     """Copy the regular files and folders of `workspace` into `dest`; returns a sha256 over paths and
     contents, and notes on what was skipped.
 
@@ -176,7 +178,7 @@ def snapshot_workspace(workspace: Path, dest: Path) -> tuple[str, list[str]]:
     note; one that changes size while copied, or breaking a limit, raises OpenRebenchError.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    snap = _Snapshot()
+    snap = _Snapshot(max_bytes)
     try:
         src = os.open(workspace, _DIR_FLAGS)
     except OSError as e:
@@ -442,7 +444,7 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
     with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-", ignore_cleanup_errors=True) as tmp:
         snapshot = Path(tmp) / "solution"
         try:
-            sha, notes = snapshot_workspace(run.workspace, snapshot)
+            sha, notes = snapshot_workspace(run.workspace, snapshot, int(tier.max_workspace_gb * 1024**3))
         except OpenRebenchError as e:
             return ScoreResult.invalid(f"Invalid: {e}."), "", []
         problem = _protected_problem(run)

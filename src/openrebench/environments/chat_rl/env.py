@@ -137,6 +137,7 @@ class ChatRL(Environment[ChatRLParams]):
             time_limit_hours=8,
             score_timeout_s=3600,
             memory_limit_gb=64,
+            max_workspace_gb=40,  # base_model/ and model/: GPT-2 XL in fp32 is 6.2 GB each
             params=FULL,
             constants=PAPER,
             paper_constants=PAPER,
