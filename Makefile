@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOG_DIR ?= logs/demo
 
-.PHONY: demo view test lint install clean browser rust debian
+.PHONY: demo view test lint install clean browser rust debian reach
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP) rust debian
+demo: $(STAMP) rust debian reach
 	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo
 	$(BIN)/openrebench eval optimize_kernel --tier mini --agent react --model local --time-limit 1m \
 		--log-dir logs/demo --runs-dir runs/demo
@@ -28,7 +28,7 @@ view: $(STAMP)
 # tests alone, so that no other test's load moves what they measure.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) browser rust debian
+test: $(STAMP) browser rust debian reach
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
@@ -56,6 +56,14 @@ debian:
 	@if command -v apt-get >/dev/null 2>&1 && ! apt-cache show dict-gcide >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq || echo "note: apt-get update failed; chat_rl's mini tier needs dict-gcide"; \
 		else echo "note: apt does not know dict-gcide (run apt-get update as root); chat_rl's mini tier needs it"; fi; fi
+
+# The sandboxes drop to uid 65534, which must be able to reach this checkout (its Python and package):
+# under a private home (root's /root is mode 700) the human agent's login fails. Say so up front.
+reach:
+	@d="$(CURDIR)"; while [ "$$d" != / ]; do \
+		if [ -z "$$(find "$$d" -maxdepth 0 -perm -o+x)" ]; then \
+			echo "note: $$d (mode $$(stat -c %a "$$d")) is closed to other users, so the sandboxes' uid 65534 cannot reach this checkout: the human agent's login and a scorer test will fail; clone elsewhere (e.g. under /srv) or chmod o+x $$d"; break; fi; \
+		d=$$(dirname "$$d"); done
 
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
 lint: $(STAMP)
