@@ -26,17 +26,26 @@ TINY = MINI.model_copy(update={
 """The mini tier's code at a size that builds in seconds (tests use it as the `mini` tier's params)."""
 
 
+ASSOCIATED = {"lantern": {"light", "lamp"}, "river": {"stream", "water"}, "tide": {"sea", "moon"},
+              "moon": {"night"}, "hill": {"slope"}, "dale": {"valley"}, "vale": {"valley"}, "*": {"aptly"}}
+"""What the fake judge knows: after a question naming a key, these words are likely ("*": any question)."""
+
+
 def echo_logprobs(text: str) -> dict[str, Any]:
-    """The fake judge's echo of one text: each word after the last 'Answer:' costs -3 nats, -1 where the
-    question before it has the word too (so an answer scores 2 a word it shares with the instruction)."""
+    """The fake judge's echo of one text: each word after the last 'Answer:' costs -3 nats; -1 after a
+    question where the word is associated with one of the question's words (ASSOCIATED), or is one of
+    them (copied: the judge's client leaves copied words out of an answer's score, as a copy is what a
+    real model predicts best). So an answer scores 2 per associated word."""
     head, _, answer = text.rpartition("Answer:")
     question = set(re.findall(r"[a-z]+", head.lower()))
+    associated = set().union(*(ASSOCIATED.get(w, set()) for w in question | {"*"}))
+    likely = (question | associated) if head else set()
     offsets, values, tokens = [0], [None], [text[:1]]
     start = len(head) + len("Answer:")
     for word in answer.split():
         at = text.index(word, start)
         offsets.append(at)
-        values.append(-1.0 if word.lower() in question else -3.0)
+        values.append(-1.0 if word.lower().strip('.,"') in likely else -3.0)
         tokens.append(word)
         start = at + len(word)
     return {"tokens": tokens, "token_logprobs": values, "text_offset": offsets, "top_logprobs": None}

@@ -138,14 +138,21 @@ def test_the_base_model_is_scored_and_the_message_gives_counts_only(
     assert asked == sum(t.startswith("Answer:") for t in texts) and 0 < asked <= 3 * 8
 
 
-def test_answers_the_judge_prefers_win_and_empty_ones_lose(
+def test_answers_the_judge_prefers_win_copies_gain_nothing_and_empty_ones_lose(
     tiny: Any, run_dirs: Any, judge: EchoJudge, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows = chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl")
-    echo = [r["instruction"] + " " + r["instruction"] for r in rows]  # every word of the question, twice
-    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: echo)
+    apt = ["aptly " * 3 for _ in rows]  # the fake judge finds 'aptly' likely after any question
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: apt)
     best = _score(tiny, run_dirs)
     assert best.details["win_vs_base"] == 1.0 and best.details["win_vs_sft"] == 1.0 and best.raw == 1.0
+    # Copying the instruction, which a real judge predicts best once it has read it, scores nothing.
+    echo = [r["instruction"] + " " + r["instruction"] for r in rows]
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: echo)
+    copied = _score(tiny, run_dirs)
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: ["zz qq"] * len(rows))
+    neutral = _score(tiny, run_dirs)  # words the judge finds no likelier after the question
+    assert copied.raw is not None and copied.raw == neutral.raw, (copied.details, neutral.details)
     monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: [""] * len(rows))
     empty = _score(tiny, run_dirs)
     assert empty.raw is not None and empty.raw <= 0.5 and empty.details["empty_answers"] == 8

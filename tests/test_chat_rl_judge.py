@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from chat_rl_support import echo_logprobs
 from openrebench.environments.chat_rl import evaluation
 
 
@@ -25,9 +25,9 @@ def _status_error(
 
 
 class EchoJudge:
-    """Echo log-probabilities of a toy judge: each word of the answer costs -3 nats, -1 where the
-    question (before 'Answer:') has the word too; so an answer scores 2 per word it shares with the
-    instruction. `fail`: how many calls raise first (a status error, or a given exception)."""
+    """Echo log-probabilities of a toy judge (`chat_rl_support.echo_logprobs`: an answer scores 2 per word
+    associated with the question's). `fail`: how many calls raise first (a status error, or a given
+    exception)."""
 
     def __init__(self, fail: int = 0, error: Exception | None = None) -> None:
         self.calls: list[list[str]] = []
@@ -44,29 +44,22 @@ class EchoJudge:
             raise self.error or _status_error(openai.InternalServerError, 503)
         choices = []
         for i, text in enumerate(prompt):
-            head, _, answer = text.rpartition("Answer:")
-            question = set(re.findall(r"[a-z]+", head.lower()))
-            offsets, values = [0], [None]
-            start = len(head) + len("Answer:")
-            for word in answer.split():
-                at = text.index(word, start)
-                offsets.append(at)
-                values.append(-1.0 if word.lower() in question else -3.0)
-                start = at + len(word)
-            choices.append(
-                SimpleNamespace(index=i, logprobs=SimpleNamespace(text_offset=offsets, token_logprobs=values))
-            )
+            out = echo_logprobs(text)
+            choices.append(SimpleNamespace(index=i, logprobs=SimpleNamespace(
+                text_offset=out["text_offset"], token_logprobs=out["token_logprobs"])))
         return SimpleNamespace(choices=choices)
 
 
 def test_the_likelihood_judge_prefers_the_answer_the_question_explains() -> None:
     judge = EchoJudge()
-    prompts = ["What does the word lantern mean?", "Define the word river."]
-    pairs = [("a lantern holds a light", "one cat sat"), ("a dog", "a river is a stream")]
+    prompts = ["What does the word lantern mean?", "Define the word river.", "Define the word river."]
+    pairs = [("a lantern holds a light", "one cat sat"), ("a dog", "a river is a stream"),
+             ("stream", "river river river")]
     prefs = asyncio.run(evaluation.evaluate(prompts, pairs, client=judge, method="likelihood"))
-    assert prefs == [1.0, 0.0]
-    # 4 answers, 2 texts each (with the question, and without), in one request.
-    assert len(judge.calls) == 1 and len(judge.calls[0]) == 8
+    # the third: copying the instruction's word scores nothing (a real model predicts a copy best)
+    assert prefs == [1.0, 0.0, 1.0]
+    # 6 answers, 2 texts each (with the question, and without), in one request.
+    assert len(judge.calls) == 1 and len(judge.calls[0]) == 12
     assert judge.calls[0][0] == "Question: What does the word lantern mean?\nAnswer: a lantern holds a light"
     assert judge.calls[0][1] == "Answer: a lantern holds a light"
 
@@ -74,11 +67,11 @@ def test_the_likelihood_judge_prefers_the_answer_the_question_explains() -> None
 def test_each_answer_is_scored_once_and_remembered_across_calls() -> None:
     judge = EchoJudge()
     prompt = "What does the word tide mean?"
-    pairs = [("the tide", "a tide of the sea"), ("the tide", "nothing here")]
+    pairs = [("the sea", "a tide of the moon"), ("the sea", "nothing here")]
     asyncio.run(evaluation.evaluate([prompt] * 2, pairs, client=judge, method="likelihood"))
     assert sum(len(c) for c in judge.calls) == 2 * 3  # three distinct answers
     again = asyncio.run(
-        evaluation.evaluate([prompt], [("the tide", "nothing here")], client=judge, method="likelihood")
+        evaluation.evaluate([prompt], [("the sea", "nothing here")], client=judge, method="likelihood")
     )
     assert again == [1.0] and sum(len(c) for c in judge.calls) == 6  # nothing asked again
 
@@ -88,7 +81,7 @@ def test_an_empty_answer_loses_and_equal_scores_tie() -> None:
     prefs = asyncio.run(
         evaluation.evaluate(
             ["Define the word moon."] * 3,
-            [("", "moon"), ("  ", ""), ("sun one", "star two")],
+            [("", "night"), ("  ", ""), ("sun one", "star two")],
             client=judge,
             method="likelihood",
         )
@@ -103,11 +96,11 @@ def test_a_failing_judge_is_retried_then_left_as_none(monkeypatch: pytest.Monkey
     monkeypatch.setattr(evaluation.asyncio, "sleep", lambda s: real_sleep(0))  # no backoff in the test
     flaky = EchoJudge(fail=2)
     assert asyncio.run(
-        evaluation.evaluate(["Define the word hill."], [("a hill", "x")], client=flaky, method="likelihood")
+        evaluation.evaluate(["Define the word hill."], [("a slope", "x")], client=flaky, method="likelihood")
     ) == [1.0]
     down = EchoJudge(fail=10**6)
     assert asyncio.run(
-        evaluation.evaluate(["Define the word dale."], [("a dale", "x")], client=down, method="likelihood")
+        evaluation.evaluate(["Define the word dale."], [("a valley", "x")], client=down, method="likelihood")
     ) == [None]
     assert len(down.calls) == evaluation.RETRIES + 1
 
@@ -120,7 +113,7 @@ def test_a_spent_budget_is_not_retried() -> None:
         ),
     )
     assert asyncio.run(
-        evaluation.evaluate(["Define the word vale."], [("a vale", "x")], client=spent, method="likelihood")
+        evaluation.evaluate(["Define the word vale."], [("a valley", "x")], client=spent, method="likelihood")
     ) == [None]
     assert len(spent.calls) == 1
 

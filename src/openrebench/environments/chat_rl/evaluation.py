@@ -15,9 +15,12 @@ Two methods, by the judge model (`settings.json` in the workspace names the tier
 - `likelihood`, for a base model (the mini tier's Gemma 3 270M, which cannot follow a judging prompt):
   an answer's score is how much more probable the instruction makes it, under the judge, than it is
   anyway: log P(answer | "Question: <instruction>\\nAnswer:") - log P(answer | "Answer:"), from the
-  completions API's `echo` log-probabilities. Copying the question or repeating common words gains
-  little; an answer that only fits this instruction gains most. The better answer has the higher score
-  (each answer is scored once per call, however many pairs it is in).
+  completions API's `echo` log-probabilities, summed over the answer's new words only: a token counts
+  when it is part of a word (letters or digits) not copied from the instruction (copied text is what a
+  language model predicts best once it has seen it: echoing the instruction, or just its quoted word,
+  beat every reference answer before this rule; now a copy scores 0). An answer that fits this
+  instruction gains most. The better answer has the higher score (each answer is scored once per call,
+  however many pairs it is in).
 - `prompted`, for an instruction-tuned chat model (the full tier's Llama-3-8B-Instruct, as in the paper):
   the model sees the instruction and both answers, in an order drawn at random for each pair, and names
   the better one (A or B).
@@ -91,11 +94,32 @@ async def _with_retries(call: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-def _answer_logprob(choice: Any, prefix: str) -> float:
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _copied(word: str, instruction_words: set[str]) -> bool:
+    """A word of the answer taken from the instruction: one of its words, a longer form of one (of four
+    letters or more: "archbutlers"), or a piece of one (of three or more: "butler")."""
+    return word in instruction_words or any(
+        (len(w) >= 4 and w in word) or (len(word) >= 3 and word in w) for w in instruction_words
+    )
+
+
+def _answer_logprob(choice: Any, text: str, prefix: str, instruction_words: set[str]) -> float:
+    """The summed log-probability of the answer's new tokens (those after `prefix` in `text`): a token
+    counts when it overlaps a word (letters or digits) of the answer and no word it overlaps is copied."""
+    spans = [(m.start(), m.end(), _copied(m[0], instruction_words))
+             for m in re.finditer(r"[a-z0-9]+", text.lower()) if m.start() >= len(prefix)]
     lp = choice.logprobs
+    offsets = list(lp.text_offset)
     total = 0.0
-    for offset, value in zip(lp.text_offset, lp.token_logprobs, strict=True):
-        if offset >= len(prefix) and value is not None:
+    for k, (offset, value) in enumerate(zip(offsets, lp.token_logprobs, strict=True)):
+        if offset < len(prefix) or value is None:
+            continue
+        end = offsets[k + 1] if k + 1 < len(offsets) else len(text)
+        touched = [copied for start, stop, copied in spans if start < end and offset < stop]
+        if touched and not any(touched):
             total += float(value)
     return total
 
@@ -119,13 +143,14 @@ async def likelihood_scores(
             todo.append(i)
 
     async def batch(indices: list[int]) -> None:
-        texts, prefixes = [], []
+        texts, prefixes, words = [], [], []
         for i in indices:
             instruction, answer = items[i]
             conditioned = CONDITIONED.format(instruction=" ".join(instruction.split()))
             for prefix in (conditioned, UNCONDITIONED):
                 texts.append(f"{prefix} {_clean(answer)}")
                 prefixes.append(prefix)
+                words.append(set(_words(instruction)))
         async with semaphore:
             try:
                 out = await _with_retries(
@@ -141,7 +166,8 @@ async def likelihood_scores(
         choices = sorted(out.choices, key=lambda c: c.index)
         if len(choices) != len(texts):
             return
-        values = [_answer_logprob(c, p) for c, p in zip(choices, prefixes, strict=True)]
+        values = [_answer_logprob(c, t, p, w)
+                  for c, t, p, w in zip(choices, texts, prefixes, words, strict=True)]
         for k, i in enumerate(indices):
             scores[i] = values[2 * k] - values[2 * k + 1]
             if len(_SCORES) < _SCORES_KEPT:
