@@ -123,7 +123,7 @@ class ChatRL(Environment[ChatRLParams]):
             score_timeout_s=900,
             memory_limit_gb=4,
             params=MINI,
-            calibration=CALIBRATION / "mini--cpu-intel-xeon--judge-local.json",
+            calibration=CALIBRATION / "mini--cpu-amd-epyc--judge-local.json",
             models={"judge": ModelRole(description="says which of two answers is better", model=LOCAL_MODEL)},
             model_budget=ModelBudget(tokens=2_000_000),
             scoring_model_budget=ModelBudget(tokens=1_000_000),
