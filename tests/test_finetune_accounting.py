@@ -94,7 +94,6 @@ def test_a_run_past_its_time_limit_is_stopped_whole(group: Cgroup, tmp_path: Pat
     assert not group.tasks()
 
 
-@pytest.mark.timing  # the left-behind thread must finish within the 5 s grace: a loaded machine missed it
 def test_without_a_cgroup_the_process_tree_is_the_fallback(tmp_path: Path) -> None:
     """No cgroup (unprivileged, no cgroup fs): the subreaper still sees a zombie leader's working thread."""
     outcome = pipeline(tmp_path / "run", LEFT_BEHIND["zombie leader"], None)
