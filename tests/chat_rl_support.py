@@ -52,25 +52,16 @@ def echo_logprobs(text: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def echo_judge_server() -> Iterator[str]:
-    """An OpenAI-compatible judge on 127.0.0.1 answering echo completions; yields its base URL."""
+def completions_server(handler: Any) -> Iterator[str]:
+    """An OpenAI-compatible server on 127.0.0.1 whose `/v1/completions` is `handler`, in a thread of its
+    own; yields its base URL."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     box: dict[str, Any] = {}
 
-    async def complete(request: web.Request) -> web.Response:
-        body = await request.json()
-        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-        choices = [{"index": i, "text": p, "logprobs": echo_logprobs(p), "finish_reason": "length"}
-                   for i, p in enumerate(prompts)]
-        tokens = sum(len(c["logprobs"]["tokens"]) for c in choices)
-        usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
-        return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
-                                  "model": "fake", "choices": choices, "usage": usage})
-
     async def main() -> None:
         app = web.Application(client_max_size=1 << 24)
-        app.router.add_post("/v1/completions", complete)
+        app.router.add_post("/v1/completions", handler)
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -88,6 +79,24 @@ def echo_judge_server() -> Iterator[str]:
     finally:
         loop.call_soon_threadsafe(box["stop"].set)
         thread.join(10)
+
+
+async def _echo_completions(request: web.Request) -> web.Response:
+    body = await request.json()
+    prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+    choices = [{"index": i, "text": p, "logprobs": echo_logprobs(p), "finish_reason": "length"}
+               for i, p in enumerate(prompts)]
+    tokens = sum(len(c["logprobs"]["tokens"]) for c in choices)
+    usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
+    return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
+                              "model": "fake", "choices": choices, "usage": usage})
+
+
+@contextlib.contextmanager
+def echo_judge_server() -> Iterator[str]:
+    """An OpenAI-compatible judge on 127.0.0.1 answering echo completions; yields its base URL."""
+    with completions_server(_echo_completions) as url:
+        yield url
 
 
 def judge_access(url: str, judge: str = "fake-echo") -> Any:

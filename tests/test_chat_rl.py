@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ import torch
 from aiohttp import web
 from safetensors.torch import save_file
 
-from chat_rl_support import TINY
+from chat_rl_support import TINY, completions_server
 from openrebench.api import TierSpec
 from openrebench.environments.chat_rl import _assets, chat_lm, data, scorer
 from openrebench.runs import ScoringAccess, get_environment, run_scorer
@@ -284,33 +283,12 @@ def test_a_prompted_verdict_the_answer_prevents_counts_as_a_loss(
 @pytest.fixture
 def hanging_judge() -> Iterator[str]:
     """An OpenAI-compatible server whose completions never answer."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
     async def never(request: web.Request) -> web.Response:
         await asyncio.sleep(3600)
         return web.json_response({})
 
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/completions", never)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["port"] = runner.addresses[0][1]
-        box["stop"] = asyncio.Event()
-        ready.set()
-        await box["stop"].wait()
-        await runner.cleanup()
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    ready.wait(10)
-    yield f"http://127.0.0.1:{box['port']}/v1"
-    loop.call_soon_threadsafe(box["stop"].set)
-    thread.join(10)
+    with completions_server(never) as url:
+        yield url
 
 
 def test_a_judge_that_hangs_ends_in_the_scoring_time_limit(run_dirs: Any, hanging_judge: str) -> None:
