@@ -94,8 +94,12 @@ def test_a_run_past_its_time_limit_is_stopped_whole(group: Cgroup, tmp_path: Pat
     assert not group.tasks()
 
 
-def test_without_a_cgroup_the_process_tree_is_the_fallback(tmp_path: Path) -> None:
-    """No cgroup (unprivileged, no cgroup fs): the subreaper still sees a zombie leader's working thread."""
+def test_without_a_cgroup_the_process_tree_is_the_fallback(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cgroup (unprivileged, no cgroup fs): the subreaper still sees a zombie leader's working thread.
+    The grace is long here because what is tested is that the thread is seen and waited for: on a loaded
+    machine Python's start-up alone can eat most of the default 5 s, and the wait ends when the work does."""
+    monkeypatch.setattr(scorer, "GRACE_S", 60.0)
     outcome = pipeline(tmp_path / "run", LEFT_BEHIND["zombie leader"], None)
     assert outcome.exit_code == 0 and outcome.stragglers == 0, outcome
     assert (tmp_path / "run" / "done").is_file() and outcome.seconds >= WORK_S
