@@ -1,0 +1,142 @@
+"""chat_rl's full tier on one GPU with what can be built offline: its models, data sizes and pipelines,
+timed, where the tier's own inputs cannot be reached.
+
+The full tier wants GPT-2 XL and Stanford Alpaca from the Hugging Face Hub and Llama-3-8B-Instruct as
+the judge; a GPU node without the Hub or the judge can still build and run everything else at the
+tier's sizes. This script does that, with three documented substitutions:
+
+- base model: the builder's own fallback, a GPT of GPT-2's shape (12 layers, 768 wide, GPT-2's 50,257
+  tokens, 512 positions) pretrained for the tier's 3,000 steps on the offline `full` corpus;
+- instructions: the mini tier's offline ones (GCIDE and chatterbot), as many as there are, in place of
+  Alpaca: 10,000 training prompts and 512 held-out as in the tier, fewer demonstrations (`--n-sft`);
+- judge: a stand-in that answers at once (the tests' echo judge: associated words score), so the
+  pipelines' times below are the GPU's share only; the judge comparisons each one asks for are counted,
+  to price a real judge's share.
+
+Stages (each cached under `$OPENREBENCH_HOME`, so a second call goes on where the first stopped):
+`assets` (tokenizer, base, instructions, SFT model, both reference models' answers), `pipelines` (the
+starting and the reference pipeline against the stand-in judge), `sampling` (the scorer's 512 answers
+from the starting model, the part of a scoring that runs on the GPU). Prints a table and writes JSON.
+
+    python3 benchmarks/chat_rl_full_offline.py --stage all \\
+        --out benchmarks/results/chat_rl_full_offline_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from chat_rl_support import echo_judge_server
+from openrebench.api import cache_dir
+from openrebench.environments.chat_rl import _assets, chat_lm
+from openrebench.environments.chat_rl.env import ChatRL
+from openrebench.lm import assets_root, load_manifest
+
+JUDGE = "stand-in-echo"
+
+
+@dataclass
+class Access:
+    """A ModelAccess reaching the stand-in judge directly (no gateway, no sandbox)."""
+
+    env: dict[str, str]
+    prefix: tuple[str, ...] = ()
+    models: dict[str, str] = field(default_factory=lambda: {"judge": JUDGE})
+
+
+def offline_spec(n_sft: int) -> Any:
+    spec = ChatRL().tier("full")
+    params = spec.params.model_copy(update={"data": "dictionary", "base_hub": None, "n_sft": n_sft,
+                                            "judge_method": "likelihood"})
+    return spec.model_copy(update={"params": params})
+
+
+def manifests(prefix: str) -> dict[str, Any]:
+    out = {}
+    for folder in sorted(assets_root(cache_dir()).glob("*")):
+        manifest = load_manifest(folder) if folder.is_dir() else None
+        if manifest is not None and (folder.name.startswith(prefix) or folder.name.startswith("corpus-full")
+                                     or folder.name.startswith("model-chatrl-full")):
+            out[folder.name] = {"build_seconds": round(manifest.build_seconds, 1), "stats": manifest.stats}
+    return out
+
+
+def comparisons(pipeline: Any) -> int:
+    """Judge comparisons a pipeline asks for: a pair per prompt, or a knock-out of `samples` answers."""
+    return pipeline.prompts * (pipeline.samples - 1) * pipeline.rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stage", choices=("assets", "pipelines", "sampling", "all"), default="all")
+    parser.add_argument("--n-sft", type=int, default=8000, help="demonstrations for the SFT model")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    import torch
+
+    spec = offline_spec(args.n_sft)
+    p = spec.params
+    record: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    record.update({"command": shlex.join(["python3", *sys.argv]),
+                   "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                   "torch": torch.__version__, "python": platform.python_version(),
+                   "params": p.model_dump()})
+    timings = record.setdefault("timings_s", {})
+
+    def timed(name: str, fn: Any) -> Any:
+        started = time.monotonic()
+        result = fn()
+        timings[name] = round(time.monotonic() - started, 1)
+        print(f"{name}: {timings[name]} s", flush=True)
+        return result
+
+    def save() -> None:
+        record["assets"] = manifests("chatrl-full")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+    built = timed("assets (this call)", lambda: _assets.build(spec, cache_dir()))
+    save()
+    if args.stage in ("pipelines", "all"):
+        with echo_judge_server() as url:
+            access = Access(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"})
+            folder = timed("pipelines (this call)",
+                           lambda: _assets.build_with_judge(spec, cache_dir(), access))
+        stats = (load_manifest(folder).stats if load_manifest(folder) else {})
+        record["pipelines"] = {
+            "summaries": {k: stats.get(k) for k in ("start", "reference")},
+            "judge_comparisons": {"start": comparisons(p.start), "reference": comparisons(p.reference)},
+        }
+        save()
+    if args.stage in ("sampling", "all"):
+        folder = _assets.judged_dir(spec, cache_dir(), JUDGE)
+        model = chat_lm.load_model(folder / "start", p.device)
+        tokenizer = chat_lm.ChatTokenizer(built.tokenizer)
+        prompts = [r["instruction"] for r in chat_lm.read_jsonl(built.answers / "heldout.jsonl")]
+        settings = {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_k": p.top_k}
+        answers = timed("sampling the scorer's answers", lambda: chat_lm.generate(
+            model, tokenizer, prompts, seed=7, **settings))
+        record["sampling"] = {"prompts": len(prompts), "empty": sum(not a for a in answers),
+                              "examples": [{"instruction": i, "answer": a} for i, a in
+                                           zip(prompts[:5], answers[:5], strict=True)]}
+        save()
+    print(f"{'asset':<40} {'seconds':>9}")
+    for name, info in record.get("assets", {}).items():
+        print(f"{name:<40} {info['build_seconds']:>9.1f}")
+    for name, seconds in timings.items():
+        print(f"{name:<40} {seconds:>9.1f}")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
