@@ -6,19 +6,21 @@ the judge; a GPU node without the Hub or the judge can still build and run every
 tier's sizes. This script does that, with three documented substitutions:
 
 - base model: the builder's own fallback, a GPT of GPT-2's shape (12 layers, 768 wide, GPT-2's 50,257
-  tokens, 512 positions) pretrained for the tier's 3,000 steps on the offline `full` corpus;
-- instructions: the mini tier's offline ones (GCIDE and chatterbot), as many as there are, in place of
-  Alpaca: 10,000 training prompts and 512 held-out as in the tier, fewer demonstrations (`--n-sft`);
+  tokens, 512 positions) pretrained for the tier's 3,000 steps, on the offline dictionary corpus (the
+  plays and GCIDE; the `full` corpus needs Debian's documentation packages);
+- instructions: the mini tier's offline ones (GCIDE and chatterbot) in place of Alpaca: 10,000 training
+  prompts and 512 held-out as in the tier, fewer demonstrations (`--n-sft`);
 - judge: a stand-in that answers at once (the tests' echo judge: associated words score), so the
-  pipelines' times below are the GPU's share only; the judge comparisons each one asks for are counted,
-  to price a real judge's share.
+  pipelines' times are the GPU's share only; the judge comparisons each one asks for are counted, to
+  price a real judge's share.
 
-Stages (each cached under `$OPENREBENCH_HOME`, so a second call goes on where the first stopped):
-`assets` (tokenizer, base, instructions, SFT model, both reference models' answers), `pipelines` (the
-starting and the reference pipeline against the stand-in judge), `sampling` (the scorer's 512 answers
-from the starting model, the part of a scoring that runs on the GPU). Prints a table and writes JSON.
+Steps, in order, each cached under `$OPENREBENCH_HOME` (a second call goes on where the first stopped):
+the assets (tokenizer, base, instructions, SFT model, both reference models' answers), the starting
+pipeline, the scorer's 512 answers from the starting model (the part of a scoring that runs on the
+GPU), the reference pipeline (`--reference-rounds 1` times one of its three alike rounds). The JSON is
+written after each step.
 
-    python3 benchmarks/chat_rl_full_offline.py --stage all \\
+    python3 benchmarks/chat_rl_full_offline.py --stage all --reference-rounds 1 \\
         --out benchmarks/results/chat_rl_full_offline_h200.json
 """
 
@@ -28,6 +30,7 @@ import argparse
 import json
 import platform
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,8 +59,8 @@ class Access:
 
 def offline_spec(n_sft: int) -> Any:
     spec = ChatRL().tier("full")
-    params = spec.params.model_copy(update={"data": "dictionary", "base_hub": None, "n_sft": n_sft,
-                                            "judge_method": "likelihood"})
+    params = spec.params.model_copy(update={"data": "dictionary", "corpus": "dictionary", "base_hub": None,
+                                            "n_sft": n_sft, "judge_method": "likelihood"})
     return spec.model_copy(update={"params": params})
 
 
@@ -80,6 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=("assets", "pipelines", "sampling", "all"), default="all")
     parser.add_argument("--n-sft", type=int, default=8000, help="demonstrations for the SFT model")
+    parser.add_argument("--reference-rounds", type=int, help="the reference pipeline's rounds (default: the "
+                        "tier's; its rounds are alike, so one round times them all)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     import torch
@@ -107,20 +112,12 @@ def main() -> None:
 
     built = timed("assets (this call)", lambda: _assets.build(spec, cache_dir()))
     save()
-    if args.stage in ("pipelines", "all"):
-        with echo_judge_server() as url:
-            access = Access(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"})
-            folder = timed("pipelines (this call)",
-                           lambda: _assets.build_with_judge(spec, cache_dir(), access))
-        stats = (load_manifest(folder).stats if load_manifest(folder) else {})
-        record["pipelines"] = {
-            "summaries": {k: stats.get(k) for k in ("start", "reference")},
-            "judge_comparisons": {"start": comparisons(p.start), "reference": comparisons(p.reference)},
-        }
-        save()
-    if args.stage in ("sampling", "all"):
-        folder = _assets.judged_dir(spec, cache_dir(), JUDGE)
-        model = chat_lm.load_model(folder / "start", p.device)
+    pipelines = record.setdefault("pipelines", {})
+    runs = assets_root(cache_dir()) / "chatrl-full-offline-pipelines"
+
+    def sample() -> None:
+        """The GPU's part of a scoring: one answer per held-out instruction from the starting model."""
+        model = chat_lm.load_model(runs / "start", p.device)
         tokenizer = chat_lm.ChatTokenizer(built.tokenizer)
         prompts = [r["instruction"] for r in chat_lm.read_jsonl(built.answers / "heldout.jsonl")]
         settings = {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_k": p.top_k}
@@ -130,6 +127,23 @@ def main() -> None:
                               "examples": [{"instruction": i, "answer": a} for i, a in
                                            zip(prompts[:5], answers[:5], strict=True)]}
         save()
+
+    reference = p.reference.model_copy(update={"rounds": args.reference_rounds or p.reference.rounds})
+    with echo_judge_server() as url:
+        access = Access(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"})
+        for which, pipeline in (("start", p.start), ("reference", reference)):
+            if args.stage in ("pipelines", "all") and not (runs / which / chat_lm.WEIGHTS).is_file():
+                script = _assets.HERE / ("starting" if which == "start" else which) / "rl_finetune.py"
+                shutil.rmtree(runs / which, ignore_errors=True)
+                started = time.monotonic()
+                summary = _assets.run_pipeline(spec, built, script, pipeline, access, runs / which)
+                pipelines[which] = {"seconds": round(time.monotonic() - started, 1), "summary": summary,
+                                    "pipeline": pipeline.model_dump(),
+                                    "judge_comparisons": comparisons(pipeline)}
+                print(f"{which} pipeline: {pipelines[which]['seconds']} s", flush=True)
+                save()
+            if which == "start" and args.stage in ("sampling", "all"):
+                sample()
     print(f"{'asset':<40} {'seconds':>9}")
     for name, info in record.get("assets", {}).items():
         print(f"{name:<40} {info['build_seconds']:>9.1f}")
