@@ -33,7 +33,6 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +43,9 @@ from openrebench.api import cache_dir
 from openrebench.environments.chat_rl import _assets, chat_lm
 from openrebench.environments.chat_rl.env import ChatRL
 from openrebench.lm import assets_root, load_manifest
+from openrebench.runs import ScoringAccess
 
 JUDGE = "stand-in-echo"
-
-
-@dataclass
-class Access:
-    """A ModelAccess reaching the stand-in judge directly (no gateway, no sandbox)."""
-
-    env: dict[str, str]
-    prefix: tuple[str, ...] = ()
-    models: dict[str, str] = field(default_factory=lambda: {"judge": JUDGE})
 
 
 def offline_spec(n_sft: int) -> Any:
@@ -130,7 +121,8 @@ def main() -> None:
 
     reference = p.reference.model_copy(update={"rounds": args.reference_rounds or p.reference.rounds})
     with echo_judge_server() as url:
-        access = Access(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"})
+        access = ScoringAccess(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"},
+                               models={"judge": JUDGE})
         for which, pipeline in (("start", p.start), ("reference", reference)):
             if args.stage in ("pipelines", "all") and not (runs / which / chat_lm.WEIGHTS).is_file():
                 script = _assets.HERE / ("starting" if which == "start" else which) / "rl_finetune.py"
