@@ -13,6 +13,7 @@ those outside the Python installation read-only as well.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -25,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP
+
+from ._seccomp import filter_program
+from ._seccomp import supported as seccomp_supported
 
 SANDBOX_UID = 65534
 
@@ -72,6 +76,13 @@ class SandboxSpec:
     # Host toolchain folders (a compiler's sysroot) bound read-only at their own paths, each one's bin/
     # put first on PATH: what an environment's code runs besides Python (`Environment.host_tools`).
     tools: Sequence[str] = ()
+    # The seccomp filter of `_seccomp.py` (the keyrings closed) for everything in the sandbox.
+    seccomp: bool = True
+    # What the command runs as where bubblewrap runs as root and `drop_privileges` holds (None: SANDBOX_UID).
+    uid: int | None = None
+    # Host folders bound where only root inside the sandbox may enter (a 0700 folder above them): the
+    # attempt's exec server reads and writes its cgroup there; the agent cannot reach it.
+    private_binds: Sequence[Bind] = ()
 
 
 @functools.cache
@@ -306,15 +317,47 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
     args.append("--clearenv")
     for key, value in env.items():
         args += ["--setenv", key, value]
-    args += ["--chdir", spec.cwd, "--", *spec.limits.prefix()]
+    if spec.private_binds:
+        args += ["--perms", "0700", "--dir", PRIVATE_DIR]
+        for bind in spec.private_binds:
+            flag = "--dev-bind" if bind.device else "--bind" if bind.writable else "--ro-bind"
+            args += [flag, str(bind.source), f"{PRIVATE_DIR}/{bind.dest}"]
+        args += ["--chmod", "0700", PRIVATE_DIR]
+    args += ["--chdir", spec.cwd]
+    prefix: list[str] = []
+    if spec.seccomp and seccomp_supported():
+        # bwrap reads the filter from a descriptor: a shell opens the filter file on fd 9 first (callers
+        # passing descriptors of their own keep them above 9).
+        prefix = ["/bin/sh", "-c", 'exec 9<"$0" && exec "$@"', str(seccomp_file())]
+        args += ["--seccomp", "9"]
+    args += ["--", *spec.limits.prefix()]
     if privileged and spec.drop_privileges:
-        args += drop_privileges_prefix()
-    return [*args, *cmd]
+        args += drop_privileges_prefix(spec.uid)
+    return [*prefix, *args, *cmd]
 
 
-def drop_privileges_prefix() -> list[str]:
-    """setpriv arguments that run a command as SANDBOX_UID with no capabilities and no way back."""
-    return ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+PRIVATE_DIR = "/run/openrebench-private"
+
+
+def seccomp_file() -> Path:
+    """The compiled filter, written into the cache (never shown to a sandbox) where it is not already."""
+    from openrebench.base import cache_dir
+
+    data = filter_program()
+    path = cache_dir() / f"seccomp-{hashlib.sha256(data).hexdigest()[:16]}.bpf"
+    if not path.is_file() or path.read_bytes() != data:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    return path
+
+
+def drop_privileges_prefix(uid: int | None = None) -> list[str]:
+    """setpriv arguments that run a command as `uid` (default SANDBOX_UID) with no capabilities and no
+    way back."""
+    uid = SANDBOX_UID if uid is None else uid
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 

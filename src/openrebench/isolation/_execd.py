@@ -1,0 +1,485 @@
+"""The exec server: the one long-lived process of an attempt's sandbox that starts every command in it.
+
+Standard library only: it runs with the sandbox's Python and none of the package. bubblewrap starts it
+(as PID 2, under bubblewrap's reaping init) with a listening Unix socket inherited as a file descriptor:
+the socket has no path inside the sandbox, so nothing the agent runs can reach it. The harness connects
+from outside for every command, file read or write, and terminal.
+
+Each command is forked from here, so it inherits what bubblewrap set up once (namespaces, the seccomp
+filter, no_new_privs); the child then joins the attempt's cgroup, drops to the agent's uid (where the
+server is root) and into the attempt's user namespace, and execs. The reply comes when the command's
+main process exits, not when its output pipes close: stdout and stderr are memory files (memfd), so a
+job left in the background (`nohup train.py &`) keeps writing to them, or to its own files, without
+blocking the reply or dying of SIGPIPE. A client that goes away before the reply (a timeout, a cancelled
+tool call) has the command's whole session killed.
+
+Wire format: a request is one JSON line, then the bytes it announces; a reply is one JSON line, then the
+bytes it announces. Errors come back as {"ok": false, "error": <Python exception name>, "errno": n}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import termios
+
+MAX_HEADER = 1 << 20
+CLONE_NEWUSER = 0x10000000
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Config:
+    """What the harness tells the server at start (argv[1], JSON)."""
+
+    def __init__(self, data: dict) -> None:
+        self.fd: int = data["fd"]
+        self.uid: int | None = data.get("uid")  # drop commands to this uid (the server is root), or None
+        self.cgroup_procs: list[str] = data.get("cgroup_procs", [])  # the attempt's cgroup, joined by each command
+        self.userns: bool = bool(data.get("userns"))
+        self.cwd: str = data.get("cwd", "/")
+        self.ready_fd: int | None = data.get("ready_fd")
+
+
+CONFIG: Config
+USERNS_FD: int | None = None
+
+
+def _check(result: int) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _drop(cfg: Config) -> None:
+    """In a forked child: join the attempt's cgroup and become the agent, for good."""
+    for procs in cfg.cgroup_procs:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    try:  # the server is protected from out-of-memory kills; its commands are not
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("0")
+    except OSError:
+        pass
+    if cfg.uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(cfg.uid, cfg.uid, cfg.uid)
+        os.setresuid(cfg.uid, cfg.uid, cfg.uid)
+    if USERNS_FD is not None:
+        _check(_libc.setns(USERNS_FD, CLONE_NEWUSER))
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+
+
+def _make_userns(cfg: Config) -> int | None:
+    """A user namespace owned by the agent's uid, mapping that uid to itself, that every command joins:
+    made by a child that has become the agent, which sends its descriptor back (the server, without
+    CAP_SYS_PTRACE, may not open another uid's /proc entries) and exits; the descriptor keeps the
+    namespace alive. None where none can be made."""
+    if cfg.uid is None:
+        return None
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            parent.close()
+            os.setgroups([])
+            os.setresgid(cfg.uid, cfg.uid, cfg.uid)
+            os.setresuid(cfg.uid, cfg.uid, cfg.uid)
+            _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0))  # else /proc/self/*_map stay root's
+            _check(_libc.unshare(CLONE_NEWUSER))
+            for name, text in (("uid_map", f"{cfg.uid} {cfg.uid} 1"), ("setgroups", "deny"),
+                               ("gid_map", f"{cfg.uid} {cfg.uid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+            socket.send_fds(child, [b"1"], [os.open("/proc/self/ns/user", os.O_RDONLY)])
+        except BaseException as e:
+            sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
+        os._exit(0)
+    child.close()
+    try:
+        _, fds, _, _ = socket.recv_fds(parent, 16, 1)
+    finally:
+        parent.close()
+        os.waitpid(pid, 0)
+    if not fds:
+        return None
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
+def _child_error(w: int, e: BaseException) -> None:
+    """Report why the child could not exec (on a close-on-exec pipe) and die."""
+    try:
+        os.write(w, json.dumps(_error(e)).encode())
+    finally:
+        os._exit(127)
+
+
+def _spawn(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, int],
+           tty: bool = False) -> tuple[int, dict | None]:
+    """Fork and exec `argv` in a session of its own; returns its pid, or an error dict if exec failed."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            _drop(CONFIG)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target, inheritable=True)
+            if tty:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            os.chdir(cwd)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as e:
+            _child_error(w, e)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    os.close(r)
+    if data:
+        os.waitpid(pid, 0)
+        try:
+            return pid, json.loads(data)
+        except ValueError:
+            return pid, {"error": "OSError", "errno": 0, "message": data.decode(errors="replace")}
+    return pid, None
+
+
+def _session_members(sid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid:  # state ppid pgrp session
+                found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _kill_session(sid: int) -> None:
+    for _ in range(3):
+        members = _session_members(sid)
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+async def _wait_exit(pid: int) -> int:
+    """Wait for the child without blocking the loop (a pidfd becomes readable when it exits)."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = None
+    if pidfd is not None:
+        done = loop.create_future()
+        loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+    else:
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                break
+            await asyncio.sleep(0.01)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _tail(fd: int, limit: int) -> tuple[bytes, bool]:
+    size = os.fstat(fd).st_size
+    start = max(0, size - limit)
+    chunks = []
+    offset = start
+    while offset < size:
+        chunk = os.pread(fd, min(1 << 20, size - offset), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks), start > 0
+
+
+async def _reply(writer: asyncio.StreamWriter, header: dict, *payloads: bytes) -> None:
+    writer.write(json.dumps(header).encode() + b"\n")
+    for p in payloads:
+        writer.write(p)
+    await writer.drain()
+
+
+def _error(e: BaseException) -> dict:
+    message = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return {"ok": False, "error": type(e).__name__, "errno": getattr(e, "errno", None) or 0, "message": message}
+
+
+async def _read_into(reader: asyncio.StreamReader, fd: int, size: int) -> None:
+    left = size
+    while left:
+        chunk = await reader.read(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]
+        left -= len(chunk)
+
+
+async def _exec(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    stdin = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    out = os.memfd_create("stdout", os.MFD_CLOEXEC)
+    err = os.memfd_create("stderr", os.MFD_CLOEXEC)
+    try:
+        if req.get("stdin") is not None:
+            await _read_into(reader, stdin, int(req["stdin"]))
+            os.lseek(stdin, 0, os.SEEK_SET)
+            fd_in = stdin
+        else:
+            fd_in = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pid, failure = _spawn(req["argv"], req.get("cwd") or CONFIG.cwd, req.get("env") or {},
+                                  (fd_in, out, err))
+        finally:
+            if fd_in != stdin:
+                os.close(fd_in)
+        if failure is not None:
+            await _reply(writer, {"ok": False, **failure})
+            return
+        exited = asyncio.ensure_future(_wait_exit(pid))
+        gone = asyncio.ensure_future(reader.read(1))  # the client gives up by closing: kill the command
+        await asyncio.wait([exited, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not exited.done():
+            _kill_session(pid)
+            await exited
+            return
+        gone.cancel()
+        limit = int(req.get("limit") or (10 << 20))
+        stdout, cut_out = _tail(out, limit)
+        stderr, cut_err = _tail(err, limit)
+        await _reply(writer, {"ok": True, "rc": exited.result(), "stdout": len(stdout), "stderr": len(stderr),
+                              "truncated": cut_out or cut_err}, stdout, stderr)
+    finally:
+        for fd in (stdin, out, err):
+            os.close(fd)
+
+
+def _open_as_agent(path: str, flags: int, mode: int = 0o644, make_parents: bool = False) -> tuple[int | None, dict | None]:
+    """Open `path` in a child that has become the agent (so the agent's permissions decide, and a link
+    the agent planted leads only where the agent could go), and receive the descriptor from it."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            parent.close()
+            _drop(CONFIG)
+            os.chdir(CONFIG.cwd)
+            if make_parents and os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, flags | os.O_CLOEXEC, mode)
+            if flags & (os.O_WRONLY | os.O_RDWR) == 0 and os.path.isdir(f"/proc/self/fd/{fd}"):
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a directory", path)
+            socket.send_fds(child, [b"{}"], [fd])
+            os._exit(0)
+        except BaseException as e:
+            try:
+                child.sendall(json.dumps(_error(e)).encode())
+            finally:
+                os._exit(1)
+    child.close()
+    try:
+        msg, fds, _, _ = socket.recv_fds(parent, 1 << 16, 1)
+    finally:
+        parent.close()
+        os.waitpid(pid, 0)
+    if fds:
+        return fds[0], None
+    try:
+        return None, json.loads(msg or b"{}") or {"ok": False, "error": "OSError", "errno": 0,
+                                                  "message": "the file could not be opened"}
+    except ValueError:
+        return None, {"ok": False, "error": "OSError", "errno": 0, "message": msg.decode(errors="replace")}
+
+
+async def _read(req: dict, writer: asyncio.StreamWriter) -> None:
+    fd, failure = _open_as_agent(req["path"], os.O_RDONLY | os.O_NONBLOCK)
+    if fd is None:
+        await _reply(writer, failure or {})
+        return
+    try:
+        limit = int(req.get("limit") or (100 << 20))
+        size = os.fstat(fd).st_size
+        if size > limit:
+            await _reply(writer, {"ok": False, "error": "OutputLimitExceeded", "errno": 0, "size": size,
+                                  "message": f"{req['path']} is {size} bytes"})
+            return
+        os.set_blocking(fd, True)
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, 1 << 20)):
+            data += chunk
+        if len(data) > limit:
+            await _reply(writer, {"ok": False, "error": "OutputLimitExceeded", "errno": 0, "size": len(data),
+                                  "message": f"{req['path']} is over {limit} bytes"})
+            return
+        await _reply(writer, {"ok": True, "size": len(data)}, data)
+    finally:
+        os.close(fd)
+
+
+async def _write(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    size = int(req["size"])
+    fd, failure = _open_as_agent(req["path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, make_parents=True)
+    if fd is None:
+        await reader.readexactly(size)  # keep the stream in step; the reply says why
+        await _reply(writer, failure or {})
+        return
+    try:
+        await _read_into(reader, fd, size)
+    finally:
+        os.close(fd)
+    await _reply(writer, {"ok": True})
+
+
+async def _tty(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A terminal: the shell on a pty of the sandbox, relayed to the client. Client frames: b'd' + length
+    + bytes typed, b'r' + length + rows, cols (resize). When the client goes, the terminal hangs up (its
+    session gets SIGHUP, as after a dropped ssh connection); what runs in tmux or under nohup goes on."""
+    master, slave = os.openpty()
+    os.set_inheritable(master, False)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", req.get("rows", 24), req.get("cols", 80), 0, 0))
+    try:
+        pid, failure = _spawn(req["argv"], req.get("cwd") or CONFIG.cwd, req.get("env") or {},
+                              (slave, slave, slave), tty=True)
+    finally:
+        os.close(slave)
+    if failure is not None:
+        os.close(master)
+        await _reply(writer, {"ok": False, **failure})
+        return
+    await _reply(writer, {"ok": True, "pid": pid})
+    loop = asyncio.get_running_loop()
+    out_closed = loop.create_future()
+
+    def on_output() -> None:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(master)
+            if not out_closed.done():
+                out_closed.set_result(None)
+            return
+        writer.write(data)
+
+    loop.add_reader(master, on_output)
+
+    async def pump_input() -> None:
+        while True:
+            head = await reader.readexactly(5)
+            kind, size = head[:1], struct.unpack(">I", head[1:])[0]
+            body = await reader.readexactly(size)
+            if kind == b"d":
+                view = memoryview(body)
+                while view:
+                    view = view[os.write(master, view):]
+            elif kind == b"r" and size == 4:
+                rows, cols = struct.unpack(">HH", body)
+                fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    typing = asyncio.ensure_future(pump_input())
+    exited = asyncio.ensure_future(_wait_exit(pid))
+    await asyncio.wait([typing, out_closed], return_when=asyncio.FIRST_COMPLETED)
+    if not out_closed.done():  # the client went: hang the terminal up (SIGHUP to its session)
+        loop.remove_reader(master)
+        os.close(master)
+        master = -1
+    typing.cancel()
+    await exited
+    if master >= 0:
+        os.close(master)
+    try:
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+
+
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        line = await reader.readline()
+        if not line:
+            return
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "exec":
+            await _exec(req, reader, writer)
+        elif op == "read":
+            await _read(req, writer)
+        elif op == "write":
+            await _write(req, reader, writer)
+        elif op == "tty":
+            await _tty(req, reader, writer)
+        elif op == "ping":
+            await _reply(writer, {"ok": True, "pid": os.getpid(), "userns": USERNS_FD is not None})
+        else:
+            await _reply(writer, {"ok": False, "error": "ValueError", "errno": 0, "message": f"unknown op {op!r}"})
+    except (ConnectionError, EOFError, asyncio.IncompleteReadError):
+        pass
+    except Exception as e:  # never let one request take the server down
+        try:
+            await _reply(writer, _error(e))
+        except Exception:
+            pass
+    finally:
+        try:
+            writer.close()
+        except Exception:
+            pass
+
+
+async def _serve(cfg: Config) -> None:
+    sock = socket.socket(fileno=cfg.fd)
+    sock.setblocking(False)
+    server = await asyncio.start_unix_server(_handle, sock=sock, limit=MAX_HEADER)
+    if cfg.ready_fd is not None:
+        os.write(cfg.ready_fd, json.dumps({"pid": os.getpid(), "userns": USERNS_FD is not None}).encode() + b"\n")
+        os.close(cfg.ready_fd)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    global CONFIG, USERNS_FD
+    CONFIG = Config(json.loads(sys.argv[1]))
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if CONFIG.userns:
+        USERNS_FD = _make_userns(CONFIG)
+    asyncio.run(_serve(CONFIG))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The janitor: a process that outlives the harness just long enough to clean up after it.
+
+A harness killed outright (SIGKILL, an OOM kill, a crash of Python) runs no `finally`: its sandboxes die
+with it (bubblewrap's --die-with-parent, then their PID namespaces), but their cgroups, temporary folders
+and the scorings' snapshots would stay behind. Each harness process starts one janitor (lazily, in a
+session of its own, so that Ctrl-C at the terminal does not reach it), holds the write end of a pipe to
+it, and tells it what to clean (`track`) and what is already clean (`untrack`). When the pipe closes, by
+the harness's exit of any kind, the janitor kills whatever is left in the tracked cgroups, removes them
+and the tracked folders, and exits.
+
+The protocol is one line per message, `track|untrack cgroup|dir PATH`, each written whole (shorter
+than PIPE_BUF), so messages from the harness's threads never interleave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_janitor: tuple[int, subprocess.Popen[bytes]] | None = None  # (our pid, the janitor) for fork safety
+
+
+def _send(line: str) -> None:
+    global _janitor
+    data = (line.replace("\n", " ") + "\n").encode()
+    if len(data) > 4000:  # longer than PIPE_BUF: could interleave; no path of ours is this long
+        logger.warning("janitor: path too long to track: %s", line[:200])
+        return
+    with _lock:
+        if _janitor is None or _janitor[0] != os.getpid() or _janitor[1].poll() is not None:
+            proc = subprocess.Popen([sys.executable, "-m", "openrebench.isolation._janitor"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+            _janitor = (os.getpid(), proc)
+        stdin = _janitor[1].stdin
+        assert stdin is not None
+        try:
+            stdin.write(data)
+            stdin.flush()
+        except OSError:
+            logger.warning("janitor: gone; %s will not be cleaned if the harness dies", line)
+
+
+def track(kind: str, path: Path | str) -> None:
+    """Have the janitor clean `path` (a cgroup directory or a folder) if the harness dies first."""
+    _send(f"track {kind} {path}")
+
+
+def untrack(kind: str, path: Path | str) -> None:
+    """`path` is cleaned (or handed on): forget it."""
+    _send(f"untrack {kind} {path}")
+
+
+def janitor_pid() -> int | None:
+    """The janitor's pid, where this process has started one (tests kill the harness and watch it)."""
+    return _janitor[1].pid if _janitor is not None and _janitor[0] == os.getpid() else None
+
+
+def _clean(cgroups: list[str], dirs: list[str]) -> None:
+    from openrebench.isolation._cgroup import Cgroup
+
+    # Deepest first: a sub-group before its parent.
+    for path in sorted(cgroups, key=lambda p: p.count("/"), reverse=True):
+        group = Cgroup.attach([Path(path)])
+        if group is not None:
+            with contextlib.suppress(OSError):
+                group.kill_all(timeout_s=5)
+                if group.can_freeze:
+                    group.thaw(timeout_s=1)
+        for _ in range(100):
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.05)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main() -> None:
+    """Read messages until the harness's end of the pipe closes, then clean what is still tracked."""
+    cgroups: dict[str, None] = {}
+    dirs: dict[str, None] = {}
+    for raw in sys.stdin.buffer:
+        parts = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
+        if len(parts) != 3:
+            continue
+        op, kind, path = parts
+        target = cgroups if kind == "cgroup" else dirs if kind == "dir" else None
+        if target is None:
+            continue
+        if op == "track":
+            target[path] = None
+        elif op == "untrack":
+            target.pop(path, None)
+    _clean(list(cgroups), list(dirs))
+
+
+if __name__ == "__main__":
+    main()
