@@ -26,10 +26,21 @@ from ._environment import (
 from ._files import Placement, RunFiles, file_contents
 from ._guard import TamperGuard
 from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
-from ._protocol import HostChannel, SolutionError, SolutionProcess
+from ._protocol import (
+    SOLUTION_UID_ENV,
+    SOLUTION_USER,
+    HostChannel,
+    SolutionError,
+    SolutionProcess,
+    become_solution,
+    solution_prefix,
+    solution_uid,
+)
 
 __all__ = [
     "LOCAL_MODEL",
+    "SOLUTION_UID_ENV",
+    "SOLUTION_USER",
     "Direction",
     "Environment",
     "HostChannel",
@@ -48,11 +59,14 @@ __all__ = [
     "StageUpdate",
     "TamperGuard",
     "TierSpec",
+    "become_solution",
     "cache_dir",
     "describe_duration",
     "file_contents",
     "progress_display",
     "reporting",
     "show_progress",
+    "solution_prefix",
+    "solution_uid",
     "stage",
 ]

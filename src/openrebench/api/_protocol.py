@@ -25,6 +25,45 @@ from typing import Any
 MAX_MESSAGE = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
+SOLUTION_UID_ENV = "OPENREBENCH_SOLUTION_UID"
+"""Set by the harness in the scoring sandbox, where the scorer is root: the uid of this scoring's own that
+the solution's code must run as (never used before or after, by no other trust domain)."""
+SOLUTION_USER = "solution"  # its name in the scoring sandbox's passwd
+
+
+def solution_uid() -> int | None:
+    """The uid the solution's code must run as in this scoring, or None where the scorer and the solution
+    share one identity (an unsandboxed scoring, a harness that is not root). Scorers take the identity
+    from here, never from a constant of their own."""
+    value = os.environ.get(SOLUTION_UID_ENV)
+    if not value or os.geteuid() != 0:
+        return None
+    return int(value)
+
+
+def solution_prefix() -> list[str]:
+    """A command prefix that runs a program as the solution (`solution_uid`), with no capabilities and no
+    way back; [] where there is no identity to drop to."""
+    uid = solution_uid()
+    if uid is None:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def become_solution() -> None:
+    """Turn this process into the solution's identity for good (where the scorer must touch what the
+    solution makes, as CUDA IPC across uids cannot), with no_new_privs; a no-op where there is none."""
+    import ctypes
+
+    uid = solution_uid()
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
 
 class SolutionError(Exception):
     """The solution misbehaved; the message is agent-visible."""
@@ -82,14 +121,10 @@ class SolutionProcess:
         child_read, parent_write = os.pipe()
         self._read_fd, self._write_fd = parent_read, parent_write
         child_env = {**os.environ, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
-        child_env.pop("OPENREBENCH_SOLUTION_DROP", None)
-        prefix: list[str] = []
-        if os.environ.get("OPENREBENCH_SOLUTION_DROP") and os.geteuid() == 0:
-            # In the scoring sandbox the scorer is root (to read protected data); the solution's
-            # code must not be: it runs as the sandbox uid, without capabilities.
-            from openrebench.isolation._bwrap import drop_privileges_prefix
-
-            prefix = drop_privileges_prefix()
+        child_env.pop(SOLUTION_UID_ENV, None)
+        # In the scoring sandbox the scorer is root (to read protected data); the solution's code must
+        # not be: it runs as the scoring's own uid, without capabilities.
+        prefix = solution_prefix()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", module, str(solution), str(child_read), str(child_write)],

@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrebench.isolation import SANDBOX_UID
 from openrebench.isolation._bwrap import sandbox_path
+from openrebench.isolation._identity import identity_files
 
 WORKSPACE = "/workspace"
 HARNESS_DIR = "/run/openrebench"
@@ -27,21 +27,6 @@ GATEWAY_PORT = 4141
 for every run); a command that shares the host's network gets a free port instead."""
 HOME = "/home/agent"
 STATE_DIRS = {"home": HOME, "tmp": "/tmp", "opt": "/opt", "var-tmp": "/var/tmp"}
-
-
-def _write_identity(etc: Path) -> None:
-    """passwd and group files naming the sandbox uid `agent` with home /home/agent (the host calls
-    it nobody, homeless), for tools that look the user up, such as Inspect's human agent."""
-    etc.mkdir()
-    for name, line in (("passwd", f"agent:x:{SANDBOX_UID}:{SANDBOX_UID}:openrebench agent:{HOME}:/bin/bash"),
-                       ("group", f"agent:x:{SANDBOX_UID}:")):
-        try:
-            host = Path("/etc", name).read_text().splitlines()
-        except OSError:
-            host = []
-        kept = [x for x in host if x.split(":")[2:3] != [str(SANDBOX_UID)]]
-        (etc / name).write_text("\n".join([*kept, line]) + "\n")
-        (etc / name).chmod(0o644)
 
 
 @dataclass(frozen=True)
@@ -64,8 +49,12 @@ class AgentHome:
         # A login shell's /etc/profile resets PATH: put the harness's `score` and Python back first.
         (home.state("home") / ".profile").write_text(f"export PATH={HARNESS_DIR}/bin:{sandbox_path()}\n"
                                                      "[ -f ~/.bashrc ] && . ~/.bashrc\n")
-        _write_identity(home.etc)
         return home
+
+    def write_identity(self, uid: int) -> None:
+        """passwd and group files naming `uid` `agent` with home /home/agent, for tools that look the user
+        up (Inspect's human agent, getpass, torch's caches)."""
+        identity_files(self.etc, uid, "agent", HOME)
 
     @property
     def run_dir(self) -> Path:

@@ -30,6 +30,8 @@ from inspect_ai.util import (
     SandboxConnection,
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
     sandbox,
     sandboxenv,
 )
@@ -38,6 +40,7 @@ from pydantic import BaseModel, field_validator
 from openrebench.api import reporting
 from openrebench.gateway import SOCKET_NAME, install_forwarder
 from openrebench.isolation import Cgroup, GpuLease
+from openrebench.isolation._machine import SandboxDied
 from openrebench.runs import Run, ScoreRow, get_environment, score_run, start_run
 
 from ._layout import AgentHome
@@ -55,6 +58,8 @@ from .backends import (
 )
 
 logger = logging.getLogger(__name__)
+
+AGENT_USER = "agent"  # the one user of an attempt's sandbox (its uid is the attempt's own)
 
 
 class SandboxConfig(BaseModel, frozen=True):
@@ -251,23 +256,29 @@ class OpenRebenchSandbox(SandboxEnvironment):
         return None
 
     async def score(self) -> ScoreRow:
-        """Score the workspace now (one scoring at a time per run), in a fresh sandbox. Where the score
-        is a time, the agent's own processes are frozen meanwhile (and thawed after, whatever happens):
-        a busy loop left in the agent's sandbox must not slow the scorer's reference runs (which would
-        flatter the solution) nor the solution."""
+        """Score the workspace now (one scoring at a time per run), in a fresh sandbox, with the agent's
+        processes frozen meanwhile and thawed after, whatever happens: the solution's code sees held-out
+        data during a scoring, and no live process of the agent may share the machine with it (nor slow a
+        timed scoring, nor the scorer's reference runs). An isolating backend that cannot freeze the agent
+        refuses the scoring (an infrastructure row saying why); the `none` backend isolates nothing and
+        scores unfrozen."""
         elapsed = self.working_time_s()
-        freeze = get_environment(self.run.info.env_id).timing_sensitive
         async with self._score_lock:
             devices = self.lease.device_nodes() if self.lease else None
+            frozen = await anyio.to_thread.run_sync(self.backend.freeze, True)
             try:
-                if freeze and await anyio.to_thread.run_sync(self.backend.freeze, True) is False:
-                    logger.warning("the agent's processes of %s could not all be frozen", self.run.path)
+                refused = None
+                if not frozen and self.backend.isolating:
+                    refused = ("the agent's processes could not be frozen for the scoring (" + (
+                        "no cgroup freezer here: run as root, or in a delegated cgroup v2 subtree"
+                        if frozen is None else "the freezer failed") + ")")
+                    logger.warning("%s: %s", self.run.path, refused)
                 access = self.models.scoring if self.models else None
                 return await anyio.to_thread.run_sync(lambda: score_run(
                     self.run, elapsed_s=elapsed, sandboxed=self.backend.sandboxed_scoring, devices=devices,
-                    access=access))
+                    access=access, refused=refused))
             finally:
-                if freeze and await anyio.to_thread.run_sync(self.backend.freeze, False) is False:
+                if frozen and await anyio.to_thread.run_sync(self.backend.freeze, False) is False:
                     logger.warning("the agent's processes of %s could not be thawed", self.run.path)
 
     def describe(self, row: ScoreRow) -> str:
@@ -281,10 +292,22 @@ class OpenRebenchSandbox(SandboxEnvironment):
     async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, user: str | None = None, timeout: int | None = None,
                    timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
-        """Run `cmd` in the sandbox. `user` is ignored: every command runs as the sandbox's one user."""
+        """Run `cmd` in the sandbox. Every command runs as the attempt's one user (`agent`): another
+        `user` is refused with SandboxUserUnsupportedError, never silently ignored."""
+        self._check_user(user)
         self.working_time_s()  # remember the sample's clock for scorings asked over the socket
         await self._gateway_alive()
-        return await self.backend.exec(cmd, input=input, cwd=cwd, env=env, timeout=timeout)
+        try:
+            return await self.backend.exec(cmd, input=input, cwd=cwd, env=env, timeout=timeout)
+        except SandboxDied as e:
+            raise SandboxUnavailableError(str(e)) from None
+
+    def _check_user(self, user: str | None) -> None:
+        if user is None or user == AGENT_USER or (self.backend.uid is not None and user == str(self.backend.uid)):
+            return
+        raise SandboxUserUnsupportedError(
+            f"the openrebench sandbox runs every command as its one user '{AGENT_USER}'; it cannot run as "
+            f"'{user}' (no root, no other users: the attempt's identity is its isolation)")
 
     async def _gateway_alive(self) -> None:
         """Start the model gateway again if it stopped (a check of a thread and a file, where it did not)."""
@@ -292,11 +315,17 @@ class OpenRebenchSandbox(SandboxEnvironment):
             await anyio.to_thread.run_sync(self.models.ensure)
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        await self.backend.write_file(file, contents)
+        try:
+            await self.backend.write_file(file, contents)
+        except SandboxDied as e:
+            raise SandboxUnavailableError(str(e)) from None
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:  # type: ignore[override]
         self.working_time_s()
-        return await self.backend.read_file(file, text)
+        try:
+            return await self.backend.read_file(file, text)
+        except SandboxDied as e:
+            raise SandboxUnavailableError(str(e)) from None
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """A login shell in the sandbox, for a person (Inspect's human agent prints this command)."""

@@ -20,6 +20,7 @@ bytes it announces. Errors come back as {"ok": false, "error": <Python exception
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -49,6 +50,9 @@ class Config:
         self.userns: bool = bool(data.get("userns"))
         self.cwd: str = data.get("cwd", "/")
         self.ready_fd: int | None = data.get("ready_fd")
+        # Long-running helpers of the harness's (the model gateway's relay): started at once, as the agent
+        # and in its cgroup like any command, and started again whenever they exit.
+        self.services: list[dict] = data.get("services", [])
 
 
 CONFIG: Config
@@ -159,6 +163,7 @@ def _spawn(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, 
 
 
 def _session_members(sid: int) -> list[int]:
+    """Live processes of session `sid` (zombies are dead already: their reaper is the sandbox's init)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -167,23 +172,49 @@ def _session_members(sid: int) -> list[int]:
             with open(f"/proc/{name}/stat") as f:
                 stat = f.read()
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) == sid:  # state ppid pgrp session
+            if int(fields[3]) == sid and fields[0] != "Z":  # state ppid pgrp session
                 found.append(int(name))
         except (OSError, ValueError, IndexError):
             continue
     return found
 
 
+def _set_frozen(frozen: bool) -> bool:
+    """Freeze or thaw the attempt's cgroup (all its commands), where it has a freezer; False where not."""
+    for procs in CONFIG.cgroup_procs:
+        folder = os.path.dirname(procs)
+        for name, value in (("cgroup.freeze", "1" if frozen else "0"),
+                            ("freezer.state", "FROZEN" if frozen else "THAWED")):
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                try:
+                    with open(path, "w") as f:
+                        f.write(value)
+                    return True
+                except OSError:
+                    return False
+    return False
+
+
 def _kill_session(sid: int) -> None:
-    for _ in range(3):
+    """Kill every process of the session, however fast it forks: the commands are frozen while the list is
+    read and the kills sent (a thawed fork bomb would outrun any loop), then thawed so the kills land."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        frozen = _set_frozen(True)
+        if frozen:  # wait until the freeze holds (v1 reports FREEZING on its way)
+            time.sleep(0.01)
         members = _session_members(sid)
+        for pid in members:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if frozen:
+            _set_frozen(False)
         if not members:
             return
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        time.sleep(0.01)
 
 
 async def _wait_exit(pid: int) -> int:
@@ -270,11 +301,13 @@ async def _exec(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamW
             await _reply(writer, {"ok": False, **failure})
             return
         exited = asyncio.ensure_future(_wait_exit(pid))
-        gone = asyncio.ensure_future(reader.read(1))  # the client gives up by closing: kill the command
+        gone = asyncio.ensure_future(reader.read(1))  # the client gives up (b"k", or by closing): kill
         await asyncio.wait([exited, gone], return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
             _kill_session(pid)
             await exited
+            await _reply(writer, {"ok": False, "error": "TimeoutError", "errno": 0, "killed": True,
+                                  "message": "the command was killed"})
             return
         gone.cancel()
         limit = int(req.get("limit") or (10 << 20))
@@ -364,19 +397,31 @@ async def _write(req: dict, reader: asyncio.StreamReader, writer: asyncio.Stream
 
 
 async def _tty(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A terminal: the shell on a pty of the sandbox, relayed to the client. Client frames: b'd' + length
-    + bytes typed, b'r' + length + rows, cols (resize). When the client goes, the terminal hangs up (its
-    session gets SIGHUP, as after a dropped ssh connection); what runs in tmux or under nohup goes on."""
-    master, slave = os.openpty()
-    os.set_inheritable(master, False)
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", req.get("rows", 24), req.get("cols", 80), 0, 0))
+    """A terminal: the shell on a pty of the sandbox, relayed to the client (with "pty": false, on pipes,
+    for a client whose input is not a terminal: `docker exec -i` to the pty's `-it`). Client frames:
+    b"d" + length + bytes typed, b"r" + length + rows, cols (resize), b"e" (input ended). When the
+    client goes, the terminal hangs up (its session gets SIGHUP, as after a dropped ssh connection);
+    what runs in tmux or under nohup goes on."""
+    pty = bool(req.get("pty", True))
+    if pty:
+        master, slave = os.openpty()
+        os.set_inheritable(master, False)
+        size = struct.pack("HHHH", req.get("rows", 24), req.get("cols", 80), 0, 0)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+        source, sink, child_fds = master, master, (slave, slave, slave)
+    else:
+        in_r, sink = os.pipe2(os.O_CLOEXEC)
+        source, out_w = os.pipe2(os.O_CLOEXEC)
+        child_fds = (in_r, out_w, out_w)
     try:
-        pid, failure = _spawn(req["argv"], req.get("cwd") or CONFIG.cwd, req.get("env") or {},
-                              (slave, slave, slave), tty=True)
+        pid, failure = _spawn(req["argv"], req.get("cwd") or CONFIG.cwd, req.get("env") or {}, child_fds,
+                              tty=pty)
     finally:
-        os.close(slave)
+        for fd in set(child_fds):
+            os.close(fd)
     if failure is not None:
-        os.close(master)
+        for fd in {source, sink}:
+            os.close(fd)
         await _reply(writer, {"ok": False, **failure})
         return
     await _reply(writer, {"ok": True, "pid": pid})
@@ -385,46 +430,55 @@ async def _tty(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWr
 
     def on_output() -> None:
         try:
-            data = os.read(master, 65536)
+            data = os.read(source, 65536)
         except OSError:
             data = b""
         if not data:
-            loop.remove_reader(master)
+            loop.remove_reader(source)
             if not out_closed.done():
                 out_closed.set_result(None)
             return
         writer.write(data)
 
-    loop.add_reader(master, on_output)
+    loop.add_reader(source, on_output)
+    open_fds = {source, sink}
+
+    def close(fd: int) -> None:
+        if fd in open_fds:
+            open_fds.discard(fd)
+            os.close(fd)
 
     async def pump_input() -> None:
         while True:
             head = await reader.readexactly(5)
             kind, size = head[:1], struct.unpack(">I", head[1:])[0]
             body = await reader.readexactly(size)
-            if kind == b"d":
+            if kind == b"d" and sink in open_fds:
                 view = memoryview(body)
                 while view:
-                    view = view[os.write(master, view):]
-            elif kind == b"r" and size == 4:
+                    view = view[os.write(sink, view):]
+            elif kind == b"r" and size == 4 and pty:
                 rows, cols = struct.unpack(">HH", body)
                 fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            elif kind == b"e" and not pty:
+                close(sink)  # the shell reads to the end of its input
 
     typing = asyncio.ensure_future(pump_input())
     exited = asyncio.ensure_future(_wait_exit(pid))
     await asyncio.wait([typing, out_closed], return_when=asyncio.FIRST_COMPLETED)
     if not out_closed.done():  # the client went: hang the terminal up (SIGHUP to its session)
-        loop.remove_reader(master)
-        os.close(master)
-        master = -1
+        loop.remove_reader(source)
+        for fd in list(open_fds):
+            close(fd)
+        if not pty:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGHUP)
     typing.cancel()
-    await exited
-    if master >= 0:
-        os.close(master)
-    try:
+    await asyncio.wait([exited], timeout=30)
+    for fd in list(open_fds):
+        close(fd)
+    with contextlib.suppress(ConnectionError, OSError):
         await writer.drain()
-    except (ConnectionError, OSError):
-        pass
 
 
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -449,15 +503,25 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     except (ConnectionError, EOFError, asyncio.IncompleteReadError):
         pass
     except Exception as e:  # never let one request take the server down
-        try:
+        with contextlib.suppress(Exception):
             await _reply(writer, _error(e))
-        except Exception:
-            pass
     finally:
-        try:
+        with contextlib.suppress(Exception):
             writer.close()
-        except Exception:
-            pass
+
+
+async def _keep_running(service: dict) -> None:
+    """Run a service for the sandbox's lifetime: again a second after each exit (the agent may end it)."""
+    while True:
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            pid, failure = _spawn(service["argv"], service.get("cwd") or CONFIG.cwd, service.get("env") or {},
+                                  (null, null, null))
+        finally:
+            os.close(null)
+        if failure is None:
+            await _wait_exit(pid)
+        await asyncio.sleep(1.0)
 
 
 async def _serve(cfg: Config) -> None:
@@ -467,8 +531,11 @@ async def _serve(cfg: Config) -> None:
     if cfg.ready_fd is not None:
         os.write(cfg.ready_fd, json.dumps({"pid": os.getpid(), "userns": USERNS_FD is not None}).encode() + b"\n")
         os.close(cfg.ready_fd)
+    services = [asyncio.ensure_future(_keep_running(service)) for service in cfg.services]
     async with server:
         await server.serve_forever()
+    for task in services:
+        task.cancel()
 
 
 def main() -> None:

@@ -80,6 +80,7 @@ class MachineSpec:
     name: str = "attempt"
     log_dir: Path | None = None  # where bubblewrap's own messages go (default: the control folder)
     cleanup: list[Path] = field(default_factory=list)  # folders removed with the sandbox
+    services: list[list[str]] = field(default_factory=list)  # kept running as the agent (restarted on exit)
 
 
 _OPEN_ERRORS: dict[str, type[OSError]] = {
@@ -167,6 +168,7 @@ class Machine:
         os.close(ready_w0)
         config = {"fd": listen_fd, "uid": self.spec.uid, "userns": self.spec.user_namespace,
                   "cwd": self.spec.sandbox.cwd, "ready_fd": ready_w,
+                  "services": [{"argv": argv, "env": dict(self.spec.sandbox.env)} for argv in self.spec.services],
                   "cgroup_procs": [f"{PRIVATE_DIR}/cgroup{i}/cgroup.procs"
                                    for i in range(len(self.agent_group.dirs) if self.agent_group else 0)]}
         server = [sys.executable, "-I", "-S", str(Path(__file__).with_name("_execd.py")), json.dumps(config)]
@@ -371,7 +373,15 @@ class Machine:
                 err = await reader.readexactly(reply["stderr"])
                 return ExecOutput(reply["rc"], out, err, bool(reply.get("truncated")))
 
-            return await self._until(result(), timeout)  # type: ignore[return-value]
+            try:
+                return await self._until(result(), timeout)  # type: ignore[return-value]
+            except TimeoutError:
+                # Ask for the kill and wait until it is done: the caller sees a command that has ended.
+                with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, SandboxDied):
+                    writer.write(b"k")
+                    await writer.drain()
+                    await asyncio.wait_for(self._reply(reader), 15)
+                raise
         finally:
             writer.close()  # before a reply: the server kills the command's session
 

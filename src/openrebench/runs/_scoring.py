@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,10 +25,10 @@ from typing import Any, Literal, Protocol
 
 import psutil
 
-from openrebench.api import Environment, ScoreResult
+from openrebench.api import SOLUTION_UID_ENV, SOLUTION_USER, Environment, ScoreResult
 from openrebench.base import OpenRebenchError
+from openrebench.isolation import _janitor
 from openrebench.isolation._bwrap import (
-    SANDBOX_UID,
     Bind,
     Limits,
     SandboxSpec,
@@ -39,6 +39,7 @@ from openrebench.isolation._bwrap import (
 )
 from openrebench.isolation._cgroup import Cgroup
 from openrebench.isolation._gpus import all_gpu_nodes
+from openrebench.isolation._identity import allocate_uid, identity_files
 from openrebench.isolation._namespace import pid_namespace_prefix
 
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
@@ -263,15 +264,20 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
     named in $OPENREBENCH_RUN_CGROUP: the scorer puts the solution's timed work there, and counts it
     until the kernel says the group is empty."""
     privileged = os.geteuid() == 0
-    if privileged:
-        for root, dirs, files in os.walk(solution):
-            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                os.chown(name, SANDBOX_UID, SANDBOX_UID)
-        protected.chmod(0o700)
+    identity: list[Bind] = []
     env = {"PATH": sandbox_path(), "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": "/tmp/triton"}
     if privileged:
-        env["OPENREBENCH_SOLUTION_DROP"] = "1"
+        # The solution's code runs as a uid of this scoring's own, never used before or after: nothing it
+        # leaves in what the kernel keys by uid can belong to the agent or another run.
+        uid = allocate_uid("scoring")
+        for root, dirs, files in os.walk(solution):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, uid, uid)
+        protected.chmod(0o700)
+        passwd, group = identity_files(solution.parent / "etc", uid, SOLUTION_USER, "/tmp")
+        identity = [Bind(passwd, "/etc/passwd"), Bind(group, "/etc/group")]
+        env[SOLUTION_UID_ENV] = str(uid)
     group_binds = [Bind(d, f"{SCORE_DIR}/cgroup/{i}", writable=True)
                    for i, d in enumerate(run_group.dirs if run_group else [])]
     if group_binds:
@@ -280,7 +286,7 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
     env = {**access.env, **env}  # the access adds variables, never replaces the scorer's own
     spec = SandboxSpec(
         binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
-               Bind(protected, f"{SCORE_DIR}/protected"), *group_binds, *access.binds],
+               Bind(protected, f"{SCORE_DIR}/protected"), *identity, *group_binds, *access.binds],
         cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False, plugins=True,
         limits=Limits(max_processes=None if cgroup else 4096), tools=tools)
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
@@ -303,6 +309,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
         cgroup = Cgroup.create("score", memory_bytes=int(limit * 1.25) + (1 << 30), max_pids=4096)
         run_group = None
         if cgroup is not None:
+            for d in cgroup.dirs:
+                _janitor.track("cgroup", d)
             with contextlib.suppress(OSError):
                 run_group = cgroup.child("run")
         tools = [str(t) for t in get_environment(env_id).host_tools(tier)]
@@ -321,6 +329,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
     finally:
         if cgroup is not None:
             cgroup.close()
+            for d in cgroup.dirs:
+                _janitor.untrack("cgroup", d)
 
 
 def _scorer_env() -> dict[str, str] | None:
@@ -413,6 +423,17 @@ def infrastructure_failure(what: str, **details: Any) -> ScoreResult:
                                infrastructure=True, **details)
 
 
+@contextlib.contextmanager
+def _tracked_temp_dir(prefix: str) -> Iterator[str]:
+    """A temporary folder that the janitor removes if the harness dies before it does."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        _janitor.track("dir", tmp)
+        try:
+            yield tmp
+        finally:
+            _janitor.untrack("dir", tmp)
+
+
 def _record_protected(run: Run) -> None:
     """Sizes of the protected files at set-up, so that a scoring can tell they are gone or changed."""
     sizes = {str(p.relative_to(run.protected)): p.stat().st_size
@@ -441,7 +462,7 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
                     ) -> tuple[ScoreResult, str, list[str]]:
     env = run.env
     tier = env.tier(run.info.tier)
-    with tempfile.TemporaryDirectory(prefix="openrebench-snapshot-", ignore_cleanup_errors=True) as tmp:
+    with _tracked_temp_dir("openrebench-snapshot-") as tmp:
         snapshot = Path(tmp) / "solution"
         try:
             sha, notes = snapshot_workspace(run.workspace, snapshot, int(tier.max_workspace_gb * 1024**3))
@@ -472,7 +493,7 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
               charged: bool = True, timeout_s: float | None = None, elapsed_s: float | None = None,
               sandboxed: bool | None = None, devices: Sequence[str] | None = None,
-              access: ScoringAccessFn | None = None) -> ScoreRow:
+              access: ScoringAccessFn | None = None, refused: str | None = None) -> ScoreRow:
     """Score the run's current workspace and append the row to its score log: exactly one row, whatever
     the solution or the harness did (a harness exception becomes an infrastructure row, re-raised
     afterwards only if it was an interruption).
@@ -481,12 +502,16 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
     `elapsed_s` is the working time to log (the harness's clock; default: wall-clock since the start);
     `sandboxed` defaults to `scoring_sandbox_default()`; `devices` are the GPU nodes the scorer may
     use (default: all of them, for tiers that need a GPU); `access` what the scorer is given besides
-    (the run's models: see `ScoringAccess`).
+    (the run's models: see `ScoringAccess`); `refused`, why the harness may not score now (the agent
+    could not be frozen, say): the row is then an infrastructure failure that says so, and nothing runs.
     """
     started = time.monotonic()
     sha, notes, interrupted = "", [], None
     try:
-        result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices, access)
+        if refused is not None:
+            result = infrastructure_failure(f"scoring refused: {refused}")
+        else:
+            result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices, access)
     except BaseException as e:  # the harness's own failure: still one row
         interrupted = None if isinstance(e, Exception) else e
         what = "scoring was interrupted" if interrupted else "the harness failed while scoring"

@@ -37,8 +37,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from openrebench.api import ScoreResult, TierSpec
-from openrebench.isolation import SANDBOX_UID, Cgroup
+from openrebench.api import ScoreResult, TierSpec, solution_prefix, solution_uid
+from openrebench.isolation import Cgroup
 from openrebench.runs._scoring import RUN_CGROUP_ENV
 
 from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
@@ -174,17 +174,16 @@ def run_pipeline(folder: Path, timeout_s: float, *, drop: bool, threads: int | N
     """Run `bash finetune.sh` in `folder`; with `drop`, as the unprivileged sandbox user. With `cgroup`
     (empty), the run is in it: its time ends when no thread is left in the group, whatever became of
     the processes (daemons, zombie leaders with working threads); without, the process tree is walked."""
-    from openrebench.isolation._bwrap import drop_privileges_prefix
-
     if cgroup is not None and not cgroup.wait_empty(5):
         raise RuntimeError("the cgroup for the run is not empty")
-    prefix = drop_privileges_prefix() if drop else []
+    uid = solution_uid() if drop else None
+    prefix = solution_prefix() if uid is not None else []
     reaper = _become_subreaper()
     with tempfile.TemporaryDirectory(prefix="finetune-log-") as logs, \
             tempfile.TemporaryDirectory(prefix="finetune-home-") as home:
         env = _child_env(home, threads)
-        if drop:
-            _give(Path(home), SANDBOX_UID)
+        if uid is not None:
+            _give(Path(home), uid)
         log_path = Path(logs) / "output.log"
         # A gate: the shell waits on its stdin until it is in the cgroup, then runs finetune.sh.
         gate = ["/bin/sh", "-c", 'read -r _ && exec "$@" </dev/null', "openrebench-gate"] if cgroup else []
@@ -360,7 +359,8 @@ def _score(spec: TierSpec[FinetuneParams], solution: Path, protected: Path,
            cgroup: Cgroup | None) -> ScoreResult:
     p = spec.params
     setup = Setup.model_validate_json((protected / "setup.json").read_text())
-    drop = bool(os.environ.get("OPENREBENCH_SOLUTION_DROP")) and os.geteuid() == 0
+    uid = solution_uid()
+    drop = uid is not None
     seed = secrets.randbelow(2**31 - 1)
     pool = (protected / "pool.jsonl").read_text().splitlines(keepends=True)
     records = random.Random(secrets.randbits(64)).sample(pool, setup.records)
@@ -372,7 +372,7 @@ def _score(spec: TierSpec[FinetuneParams], solution: Path, protected: Path,
                                    "(the scorer sets a fresh seed there at every scoring).")
     if not (solution / "finetune.sh").is_file():
         return ScoreResult.invalid("Invalid: there is no finetune.sh in the workspace.")
-    prepare_inputs(solution, protected, seed, records, config, SANDBOX_UID if drop else None)
+    prepare_inputs(solution, protected, seed, records, config, uid)
     details: dict[str, object] = {"seed": seed, "records": len(records)}
 
     timeout = float(p.run_timeout_s)
@@ -407,8 +407,8 @@ def _score(spec: TierSpec[FinetuneParams], solution: Path, protected: Path,
     # ended empty, or was frozen and killed), and what it left in /tmp and /dev/shm goes.
     if cgroup is not None and not cgroup.wait_empty(5):
         return ScoreResult.invalid("Invalid: the scorer could not stop the solution's processes.", **details)
-    if drop:
-        _clear_left_files(SANDBOX_UID)
+    if uid is not None:
+        _clear_left_files(uid)
     ref_timeout = float(p.reference_timeout_s)
     with reference_run(protected, seed, records, ref_timeout, threads=p.threads,
                        cgroup=cgroup) as (ref_run, ref_weights):

