@@ -110,6 +110,8 @@ def test_human_agent_logs_in_scores_and_submits(tmp_path: Path) -> None:
     import sys
     import time
 
+    from terminal_support import Terminal
+
     out = (tmp_path / "eval.out").open("w+")
     proc = subprocess.Popen([sys.executable, "-u", "-c", HUMAN_EVAL, str(tmp_path)], stdout=out,
                             stderr=subprocess.STDOUT)
@@ -121,13 +123,20 @@ def test_human_agent_logs_in_scores_and_submits(tmp_path: Path) -> None:
             found = re.search(r"(/\S+/login)\s", Path(out.name).read_text())
             login = found.group(1) if found else None
         assert login, Path(out.name).read_text()[-3000:]
-        session = subprocess.run(["script", "-qc", login, "/dev/null"], input="score; task submit\ny\n",
-                                 capture_output=True, text=True, timeout=300)
+        term = Terminal([login])
+        term.expect(r"agent:/workspace\$ ")
+        term.send("score\n")
+        scored = term.expect(r"score ln\(ms\)[^\n]*", timeout=300).group(0)
+        term.expect(r"agent:/workspace\$ ")
+        term.send("task submit\n")
+        term.expect(r"Yes \(y\) or No \(n\)", timeout=60)
+        term.send("y\n")
         assert proc.wait(timeout=120) == 0, Path(out.name).read_text()[-3000:]
+        term.close()
     finally:
         proc.kill()
     assert "STATUS success" in Path(out.name).read_text()
-    assert "score ln(ms)" in session.stdout, session.stdout[-3000:]
+    assert "score ln(ms)" in scored
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     (info,) = list_eval_logs(str(tmp_path / "logs"))

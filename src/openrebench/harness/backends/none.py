@@ -36,7 +36,7 @@ class NoneBackend(Backend):
                 interactive: bool = False) -> Launch:
         """`cmd` itself, in the host folder behind `cwd` (the workspace where it has none)."""
         home = self.attempt.home
-        host_cwd = home.host_path(cwd or WORKSPACE) or home.workspace
+        host_cwd = home.host_path(cwd or WORKSPACE) or (cwd if cwd and cwd.startswith("/") else home.workspace)
         base = dict(os.environ)
         if (models := self.attempt.models) is not None:
             base.update(models.env())
