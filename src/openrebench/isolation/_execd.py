@@ -32,7 +32,7 @@ import struct
 import sys
 import termios
 
-MAX_HEADER = 1 << 20
+MAX_HEADER = 16 << 20  # a request line: argv and environment (ARG_MAX is 2 MiB on most kernels)
 CLONE_NEWUSER = 0x10000000
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_DUMPABLE = 4
@@ -81,7 +81,22 @@ def _drop(cfg: Config) -> None:
         os.setresuid(cfg.uid, cfg.uid, cfg.uid)
     if USERNS_FD is not None:
         _check(_libc.setns(USERNS_FD, CLONE_NEWUSER))
+        _drop_capabilities()  # joining a namespace it owns gives full capabilities in it: none are kept
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities() -> None:
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)))
 
 
 def _make_userns(cfg: Config) -> int | None:
@@ -239,7 +254,8 @@ async def _wait_exit(pid: int) -> int:
             if got:
                 break
             await asyncio.sleep(0.01)
-    return os.waitstatus_to_exitcode(status)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as shells report it
 
 
 def _tail(fd: int, limit: int) -> tuple[bytes, bool]:

@@ -309,7 +309,7 @@ class Machine:
         if not self.alive:
             raise SandboxDied(self._death())
         try:
-            return await asyncio.open_unix_connection(str(self.socket_path), limit=1 << 20)
+            return await asyncio.open_unix_connection(str(self.socket_path), limit=16 << 20)
         except OSError as e:
             raise SandboxDied(self._death() if not self.alive else f"the sandbox's exec server is unreachable "
                               f"({e})") from None

@@ -168,7 +168,9 @@ class Backend(ABC):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
                 raise TimeoutError(f"command timed out after {timeout} s") from None
-            return ExecResult(success=proc.returncode == 0, returncode=proc.returncode or 0,
+            code = proc.returncode or 0
+            code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as shells say
+            return ExecResult(success=code == 0, returncode=code,
                               stdout=_tail(out).decode(errors="replace"), stderr=_tail(err).decode(errors="replace"))
         finally:
             for fd in (stdin, out, err):
