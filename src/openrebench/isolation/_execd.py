@@ -66,7 +66,8 @@ def _check(result: int) -> None:
 
 
 def _drop(cfg: Config) -> None:
-    """In a forked child: join the attempt's cgroup and become the agent, for good."""
+    """In a forked child: join the attempt's cgroup and its user namespace, and become the agent, for good
+    (no capabilities, no_new_privs)."""
     for procs in cfg.cgroup_procs:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
@@ -75,14 +76,58 @@ def _drop(cfg: Config) -> None:
             f.write("0")
     except OSError:
         pass
+    if USERNS_FD is not None:
+        _check(_libc.setns(USERNS_FD, CLONE_NEWUSER))  # its owner (root) may; the agent's uid may not
     if cfg.uid is not None and os.geteuid() == 0:
         os.setgroups([])
         os.setresgid(cfg.uid, cfg.uid, cfg.uid)
         os.setresuid(cfg.uid, cfg.uid, cfg.uid)
     if USERNS_FD is not None:
-        _check(_libc.setns(USERNS_FD, CLONE_NEWUSER))
-        _drop_capabilities()  # joining a namespace it owns gives full capabilities in it: none are kept
+        _drop_capabilities()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+
+
+def _make_userns(cfg: Config) -> int | None:
+    """The attempt's user namespace, which every command joins: owned by root (the server), so that no
+    process of the agent's can join another or act as its owner, and mapping root and the agent's uid to
+    themselves (files keep their real owners inside). A child makes it and sends its descriptor back;
+    the server, still in the parent namespace with CAP_SETUID, writes the maps; the descriptor keeps the
+    namespace alive after the child exits. None where none can be made."""
+    if cfg.uid is None or os.geteuid() != 0:
+        return None
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            parent.close()
+            _check(_libc.unshare(CLONE_NEWUSER))
+            socket.send_fds(child, [b"1"], [os.open("/proc/self/ns/user", os.O_RDONLY)])
+            child.recv(1)  # wait until the maps are written
+        except BaseException as e:
+            sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
+        os._exit(0)
+    child.close()
+    fd = None
+    try:
+        _, fds, _, _ = socket.recv_fds(parent, 16, 1)
+        if fds:
+            for name, text in (("uid_map", f"0 0 1\n{cfg.uid} {cfg.uid} 1\n"),
+                               ("gid_map", f"0 0 1\n{cfg.uid} {cfg.uid} 1\n")):
+                with open(f"/proc/{pid}/{name}", "w") as f:
+                    f.write(text)
+            fd = fds[0]
+            os.set_inheritable(fd, False)
+    except OSError as e:
+        sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
+        fd = None
+    finally:
+        try:
+            parent.send(b"1")
+        except OSError:
+            pass
+        parent.close()
+        os.waitpid(pid, 0)
+    return fd
 
 
 class _CapHeader(ctypes.Structure):
@@ -97,43 +142,6 @@ def _drop_capabilities() -> None:
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
     data = (_CapData * 2)()
     _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)))
-
-
-def _make_userns(cfg: Config) -> int | None:
-    """A user namespace owned by the agent's uid, mapping that uid to itself, that every command joins:
-    made by a child that has become the agent, which sends its descriptor back (the server, without
-    CAP_SYS_PTRACE, may not open another uid's /proc entries) and exits; the descriptor keeps the
-    namespace alive. None where none can be made."""
-    if cfg.uid is None:
-        return None
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            parent.close()
-            os.setgroups([])
-            os.setresgid(cfg.uid, cfg.uid, cfg.uid)
-            os.setresuid(cfg.uid, cfg.uid, cfg.uid)
-            _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0))  # else /proc/self/*_map stay root's
-            _check(_libc.unshare(CLONE_NEWUSER))
-            for name, text in (("uid_map", f"{cfg.uid} {cfg.uid} 1"), ("setgroups", "deny"),
-                               ("gid_map", f"{cfg.uid} {cfg.uid} 1")):
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
-            socket.send_fds(child, [b"1"], [os.open("/proc/self/ns/user", os.O_RDONLY)])
-        except BaseException as e:
-            sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
-        os._exit(0)
-    child.close()
-    try:
-        _, fds, _, _ = socket.recv_fds(parent, 16, 1)
-    finally:
-        parent.close()
-        os.waitpid(pid, 0)
-    if not fds:
-        return None
-    os.set_inheritable(fds[0], False)
-    return fds[0]
 
 
 def _child_error(w: int, e: BaseException) -> None:

@@ -173,10 +173,12 @@ class Machine:
                                    for i in range(len(self.agent_group.dirs) if self.agent_group else 0)]}
         server = [sys.executable, "-I", "-S", str(Path(__file__).with_name("_execd.py")), json.dumps(config)]
         if os.geteuid() == 0:
-            # The server stays root (to drop each command to the agent's uid, to read its cgroup) with no
-            # capability but switching uids and killing its commands: the agent's uid cannot signal,
-            # trace or read it.
-            server = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+setuid,+setgid,+kill", "--", *server]
+            # The server stays root (to drop each command to the agent's uid, to write its cgroup) with no
+            # capability but switching uids, killing its commands and mapping root into the attempt's user
+            # namespace (CAP_SETFCAP, which the kernel asks of whoever maps uid 0): the agent's uid cannot
+            # signal, trace or read it.
+            server = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+setuid,+setgid,+setfcap,+kill", "--",
+                      *server]
         private = [Bind(d, f"cgroup{i}", writable=True)
                    for i, d in enumerate(self.agent_group.dirs if self.agent_group else [])]
         spec = self.spec.sandbox
