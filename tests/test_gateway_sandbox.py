@@ -261,7 +261,7 @@ def test_eight_concurrent_requests_from_the_sandbox_are_all_answered_and_logged(
 
 
 def test_without_isolation_commands_reach_the_model_on_a_free_port_of_the_host(open_box: Any) -> None:
-    box = open_box(isolation="local")
+    box = open_box(isolation="none")
     seen = box.python(ASK + "import os\nprint(json.dumps([os.environ['OPENAI_BASE_URL'], ask()]))")
     assert seen[0].startswith("http://127.0.0.1:") and not seen[0].endswith(":4141/v1")
     assert seen[1] == [200, "Default output from mockllm/model"]

@@ -82,12 +82,12 @@ def toy_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_the_built_ins_are_found_as_modules() -> None:
     assert harness.AGENTS == ("human", "oracle", "react")
-    assert harness.ISOLATIONS == ("auto", "bwrap", "local")
+    assert harness.ISOLATIONS == ("auto", "bwrap", "none")
     assert [a.needs_model for a in agents.agent_specs().values()] == [False, False, True]
     assert agents.get_agent("react").limits(3600).messages == 300
     assert agents.get_agent("oracle").limits(3600) == harness.Limits()
     assert backends.get_backend("bwrap").sandboxed_scoring and backends.get_backend("bwrap").leases_gpus
-    assert backends.get_backend("local").warning and not backends.get_backend("local").sandboxed_scoring
+    assert backends.get_backend("none").warning and not backends.get_backend("none").sandboxed_scoring
 
 
 def test_a_plug_in_package_adds_an_agent_and_a_backend(toy_lab: None) -> None:
@@ -101,7 +101,7 @@ def test_a_plug_in_package_adds_an_agent_and_a_backend(toy_lab: None) -> None:
     assert agents.get_agent("react").needs_model  # the built-in stays
 
     with pytest.warns(UserWarning, match="toy_lab:Auto.* the name 'auto' is reserved"):
-        assert harness.ISOLATIONS == ("auto", "bwrap", "fake", "local")
+        assert harness.ISOLATIONS == ("auto", "bwrap", "fake", "none")
     assert SandboxConfig(env_id="optimize_kernel", isolation="fake").isolation == "fake"
     with pytest.raises(RuntimeError, match="the fake sandbox cannot start here: no fake here"):
         backends.resolve_isolation("fake")
@@ -125,6 +125,6 @@ def test_the_cli_and_the_task_read_the_registries(toy_lab: None) -> None:
 def test_bad_names_give_one_line() -> None:
     with pytest.raises(OpenRebenchError, match=r"^unknown agent 'gpt' \(known: human, oracle, react\)$"):
         agents.get_agent("gpt")
-    with pytest.raises(ValidationError, match=r"unknown isolation 'docker' \(known: auto, bwrap, local\)"):
+    with pytest.raises(ValidationError, match=r"unknown isolation 'docker' \(known: auto, bwrap, none\)"):
         SandboxConfig(env_id="optimize_kernel", isolation="docker")
-    assert backends.isolation_problem("auto") is None and backends.isolation_problem("local") is None
+    assert backends.isolation_problem("auto") is None and backends.isolation_problem("none") is None

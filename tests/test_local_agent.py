@@ -46,7 +46,7 @@ def test_react_on_the_offline_model_records_real_usage_at_zero_cost(tmp_path: Pa
     logs, runs = tmp_path / "logs", tmp_path / "runs"
     result = CliRunner().invoke(app, [
         "eval", "optimize_kernel", "--tier", "mini", "--agent", "react", "--model", "local",
-        "--time-limit", "60s", "--isolation", "auto" if bwrap_binary() else "local", "--display", "none",
+        "--time-limit", "60s", "--isolation", "auto" if bwrap_binary() else "none", "--display", "none",
         "--log-dir", str(logs), "--runs-dir", str(runs)], terminal_width=250)
     assert "LOCAL_BASE_URL" not in os.environ
     # The last user left: the server stopped (and was reaped).

@@ -116,7 +116,7 @@ def local_model(server: str, monkeypatch: pytest.MonkeyPatch) -> type[_Chat]:
 def _eval(tmp_path: Path, model: str, *extra: str) -> Any:
     from inspect_ai.log import list_eval_logs, read_eval_log
 
-    isolation = "auto" if bwrap_binary() else "local"
+    isolation = "auto" if bwrap_binary() else "none"
     result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--tier", "mini", "--agent", "react",
                                       "--model", model, "--time-limit", "60s", "--isolation", isolation,
                                       "--display", "none", "--log-dir", str(tmp_path / "logs"),

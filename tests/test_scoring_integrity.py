@@ -283,7 +283,7 @@ def test_the_scoring_socket_answers_garbage_and_failures_in_one_line(kernel_run:
 
     async def scenario() -> list[str]:
         box = await OpenRebenchSandbox.for_run(kernel_run, SandboxConfig(env_id="optimize_kernel",
-                                                                          isolation="local"))
+                                                                          isolation="none"))
 
         async def broken_score() -> None:
             raise RuntimeError("the GPU lease vanished")

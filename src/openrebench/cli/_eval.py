@@ -22,7 +22,8 @@ from ._common import TierOpt, console, duration, err, fmt, get_env, parse_env_mo
 # What the help says of some agents and isolations; the names themselves come from the harness's
 # registries, so one registered later is listed (without a note) with no change here.
 AGENT_NOTES = {"oracle": "no model"}
-ISOLATION_NOTES = {"auto": "bwrap where it starts, else local with a warning", "local": "no isolation"}
+ISOLATION_NOTES = {"auto": "an isolating sandbox (bwrap), else an error naming what is missing",
+                   "none": "no isolation at all: only by name, marked UNISOLATED in the results"}
 AGENTS_HELP = "{agents}"
 ISOLATIONS_HELP = "{isolations}"
 
@@ -253,14 +254,21 @@ def eval_(
                   caption_justify="left")
     for col in ("environment", "epoch", "normalised", "raw", "ended", "run"):
         table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")
+    unisolated = 0
     for log in logs:
         for sample in log.samples or []:
             for score in (sample.scores or {}).values():
                 meta = score.metadata or {}
-                table.add_row(log.eval.task, str(sample.epoch), f"{float(score.value):.3f}",
+                value = f"{float(score.value):.3f}"
+                if meta.get("isolated") is False:  # a measurement of nothing: said where it is read
+                    value, unisolated = f"{value} UNISOLATED", unisolated + 1
+                table.add_row(log.eval.task, str(sample.epoch), value,
                               fmt(meta.get("raw")), ended(sample), str(meta.get("run_dir", "")))
     if table.rows:
         console.print(table)
+    if unisolated:
+        err.print(f"[bold red]warning:[/] {unisolated} attempt(s) ran with --isolation none: nothing was "
+                  "isolated, so their scores measure nothing", highlight=False, soft_wrap=True)
     failures = _failures(logs, [t.name for t in tasks])
     for what, status, reason in failures:
         err.print(f"[bold red]{status}:[/] {what}: {reason}", highlight=False, soft_wrap=True)

@@ -74,13 +74,15 @@ def run_score() -> Scorer:
     overall and by role, phase and model, from the run's usage log)."""
 
     async def execute(state: TaskState, target: Target) -> Score:
-        run = run_sandbox().run
+        box = run_sandbox()
+        run = box.run
         env = get_environment(run.info.env_id)
         rows, warnings = run.rows()
         raw, normalised = final_score(rows, env.direction, run.info.constants)
         row = final_row(rows, env.direction)
         paper = paper_constants(env, run.info.tier)
         metadata = {"raw": raw, "run_dir": str(run.path), "fingerprint": run.info.model_dump(mode="json"),
+                    "isolation": box.isolation, "isolated": box.backend.isolating,
                     "score_log": [r.model_dump(mode="json") for r in rows], "log_warnings": warnings}
         if paper is not None:  # the score on the paper's scale, beside the measured one (the value)
             metadata["normalised_paper"] = paper_matched(raw, run.info.constants, paper) or 0.0

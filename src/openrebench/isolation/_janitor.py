@@ -18,9 +18,11 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -65,27 +67,29 @@ def janitor_pid() -> int | None:
     return _janitor[1].pid if _janitor is not None and _janitor[0] == os.getpid() else None
 
 
-def _clean(cgroups: list[str], dirs: list[str]) -> None:
-    from openrebench.isolation._cgroup import Cgroup
-
-    # Deepest first: a sub-group before its parent.
-    for path in sorted(cgroups, key=lambda p: p.count("/"), reverse=True):
-        group = Cgroup.attach([Path(path)])
-        if group is not None:
+def _clean(cgroups: list[str], dirs: list[str], timeout_s: float = 30.0) -> None:
+    """Kill what is left in the cgroups and remove them, then the folders. All groups at once, again and
+    again until they are gone: a process belongs to a group in every hierarchy, and a frozen one (the
+    harness died during a scoring) takes a SIGKILL only once its freezer group is thawed."""
+    paths = [Path(root) for p in cgroups for root, _, _ in os.walk(p)]  # with sub-groups made meanwhile
+    deadline = time.monotonic() + timeout_s
+    while paths and time.monotonic() < deadline:
+        for path in paths:
+            for name in ("cgroup.procs", "tasks"):
+                with contextlib.suppress(OSError, ValueError):
+                    for pid in (path / name).read_text().split():
+                        with contextlib.suppress(OSError):
+                            os.kill(int(pid), signal.SIGKILL)
+        for path in paths:  # thawed after the kills were sent, so that they land
+            for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                with contextlib.suppress(OSError):
+                    (path / name).write_text(value)
+        for path in sorted(paths, key=lambda p: len(p.parts), reverse=True):  # a sub-group before its parent
             with contextlib.suppress(OSError):
-                group.kill_all(timeout_s=5)
-                if group.can_freeze:
-                    group.thaw(timeout_s=1)
-        for _ in range(100):
-            try:
-                os.rmdir(path)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                import time
-
-                time.sleep(0.05)
+                path.rmdir()
+        paths = [p for p in paths if p.exists()]
+        if paths:
+            time.sleep(0.05)
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -254,8 +254,11 @@ class Machine:
         return self.proc is not None and not self._exited.is_set()
 
     def _kill(self) -> None:
-        if self.group is not None:
-            self.group.kill_all()
+        # The agent's group first: it may be frozen (an attempt ended during a scoring), and its own
+        # freezer decides whether kills land.
+        for group in (self.agent_group, self.group):
+            if group is not None:
+                group.kill_all()
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, 9)

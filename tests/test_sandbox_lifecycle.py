@@ -1,0 +1,129 @@
+"""The attempt's sandbox lives as long as the attempt and not a moment longer: background work survives
+between commands, and everything (processes, cgroups, folders, mounts) goes at the end, on Ctrl-C, and when
+the harness is killed outright."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from openrebench.isolation import bwrap_binary
+
+pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
+
+# A harness in a process of its own: it opens an attempt's sandbox, starts background work in one command
+# (and a scoring that is still running, whose snapshot and cgroup must go too), prints what it made, and
+# waits to be killed.
+HARNESS = textwrap.dedent("""
+    import asyncio, json, sys, threading
+    from pathlib import Path
+    from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+    from openrebench.runs import start_run
+
+    async def main():
+        run = start_run("optimize_kernel", "mini", Path(sys.argv[1]) / "run", score_start=False)[0]
+        (run.workspace / "solution.py").write_text("import time\\ndef prefix_sum(x):\\n    time.sleep(600)\\n")
+        box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
+        first = await box.exec(["bash", "-c", "nohup sleep 600 >/dev/null 2>&1 & echo $!"])
+        second = await box.exec(["bash", "-c", "pgrep -x sleep"])
+        scoring = asyncio.ensure_future(box.score())
+        await asyncio.sleep(float(sys.argv[2]))
+        machine = box.backend.machine
+        print(json.dumps({"uid": box.backend.uid, "started": first.stdout.split(), "seen": second.stdout.split(),
+                          "cgroups": [str(d) for g in (machine.group, machine.agent_group) for d in g.dirs],
+                          "folders": [str(machine.control), str(box.home.root)]}), flush=True)
+        if sys.argv[3] == "close":
+            scoring.cancel()
+            await box.close()
+            print("closed", flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+""")
+
+
+def _leftovers(info: dict, uids: set[int]) -> list[str]:
+    left = [f"cgroup {d}" for d in info["cgroups"] if Path(d).exists()]
+    left += [f"folder {d}" for d in info["folders"] if Path(d).exists()]
+    for p in psutil.process_iter(["uids", "name", "status"]):
+        ids = p.info["uids"]
+        if ids and ids.real in uids and p.info["status"] != psutil.STATUS_ZOMBIE:
+            left.append(f"process {p.pid} {p.info['name']} uid {ids.real}")
+    return left
+
+
+def _snapshots() -> set[str]:
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("openrebench-snapshot-*")}
+
+
+@pytest.mark.parametrize("ending", ["sigkill", "sigint", "close"])
+def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path, ending: str) -> None:
+    before = _snapshots()
+    proc = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path), "3", ending if ending == "close"
+                             else "wait"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line, "the harness printed nothing"
+        info = json.loads(line)
+        assert info["uid"] is None or info["uid"] >= 1_600_000_000
+        assert info["started"] and info["started"] == info["seen"]  # the job lived on into the next command
+        during = _snapshots() - before
+        assert during, "the scoring's snapshot should exist while it runs"
+        import tempfile
+
+        # The agent's uid and the running scoring's (its snapshot is that uid's): no process of either may stay.
+        uids = {info["uid"]} | {(Path(tempfile.gettempdir()) / d / "solution").stat().st_uid for d in during}
+        if ending == "close":
+            assert proc.stdout.readline().strip() == "closed"
+        else:
+            os.kill(proc.pid, signal.SIGKILL if ending == "sigkill" else signal.SIGINT)
+        if os.geteuid() != 0:
+            uids = set()  # everything runs as the tester: the cgroups and folders tell
+        deadline = time.monotonic() + 30
+        while (left := _leftovers(info, uids) + sorted(_snapshots() & during)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], left
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_dead_sandbox_is_a_clear_infrastructure_error(tmp_path: Path) -> None:
+    """The exec server killed from outside (as an OOM kill would): the next command fails at once, saying
+    the sandbox stopped, instead of hanging."""
+    import asyncio
+
+    from inspect_ai.util import SandboxUnavailableError
+
+    from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+    from openrebench.runs import start_run
+
+    run = start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)[0]
+
+    async def scenario() -> str:
+        box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
+        try:
+            machine = box.backend.machine
+            agent = machine.agent_group.pids() if machine.agent_group else set()
+            for pid in machine.group.pids() - agent:
+                os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            with pytest.raises(SandboxUnavailableError) as caught:
+                await asyncio.wait_for(box.exec(["true"]), 10)
+            return str(caught.value)
+        finally:
+            await box.close()
+
+    message = asyncio.run(scenario())
+    assert "sandbox has stopped" in message and "infrastructure failure" in message
