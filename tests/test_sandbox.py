@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig
-from openrebench.isolation import SANDBOX_UID, bwrap_binary
+from openrebench.isolation import bwrap_binary
 from openrebench.runs import Run, start_run
 
 pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
@@ -180,14 +180,15 @@ def test_login_shell_for_people_has_the_score_command(box: OpenRebenchSandbox) -
     assert "/workspace" in out.decode() and "no scores yet" in out.decode(), err.decode()
 
 
-def test_auto_isolation_refuses_where_no_sandbox_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_auto_isolation_refuses_where_no_sandbox_starts(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
     """`auto` never falls back to no isolation: it names what is missing; `none` runs only by name, loudly."""
     from openrebench.harness import backends
     from openrebench.harness.backends import bwrap
 
     monkeypatch.setattr(bwrap, "bwrap_usable", lambda: "user namespaces are disabled")
-    with pytest.raises(RuntimeError, match=r"no isolating sandbox can start here \(bwrap: user namespaces are "
-                                           r"disabled\).*--isolation none"):
+    with pytest.raises(RuntimeError, match=r"no isolating sandbox can start here \(bwrap: user "
+                                           r"namespaces are disabled\).*--isolation none"):
         backends.resolve_isolation("auto")
     assert "user namespaces are disabled" in (backends.isolation_problem("auto") or "")
     with pytest.raises(RuntimeError, match="user namespaces are disabled"):

@@ -30,7 +30,7 @@ EXCEPTIONS = {
         "test_exec_as_user": "one user: the harness's (the call raises SandboxUserUnsupportedError)",
     },
 }
-if os.geteuid() == 0:  # with no isolation, a root harness's commands run as root, which permissions do not stop
+if os.geteuid() == 0:  # with no isolation, a root harness's commands run as root: permissions do not stop it
     for check in ("test_read_file_not_allowed", "test_write_text_file_without_permissions",
                   "test_write_binary_file_without_permissions"):
         EXCEPTIONS["none"][check] = "no isolation: run as root, the agent ignores file permissions"
@@ -48,7 +48,8 @@ def conformance_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 @pytest.fixture(params=["bwrap", "none"])
-async def sandbox_env(request: pytest.FixtureRequest, conformance_run: Run) -> AsyncIterator[OpenRebenchSandbox]:
+async def sandbox_env(request: pytest.FixtureRequest,
+                      conformance_run: Run) -> AsyncIterator[OpenRebenchSandbox]:
     backend = request.param
     if backend == "bwrap" and bwrap_binary() is None:
         pytest.skip("bubblewrap is not available")
@@ -65,8 +66,8 @@ async def sandbox_env(request: pytest.FixtureRequest, conformance_run: Run) -> A
 
 def test_every_check_of_inspect_is_collected() -> None:
     """The star import brought Inspect's checks in (a renamed module would silently run none)."""
-    checks = [name for name in globals() if name.startswith("test_") and name != "test_every_check_of_inspect_"
-              "is_collected"]
+    ours = {"test_every_check_of_inspect_is_collected", "test_the_exceptions_name_real_checks"}
+    checks = [name for name in globals() if name.startswith("test_") and name not in ours]
     assert len(checks) >= 40, checks
 
 

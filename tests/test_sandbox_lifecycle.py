@@ -31,14 +31,16 @@ HARNESS = textwrap.dedent("""
 
     async def main():
         run = start_run("optimize_kernel", "mini", Path(sys.argv[1]) / "run", score_start=False)[0]
-        (run.workspace / "solution.py").write_text("import time\\ndef prefix_sum(x):\\n    time.sleep(600)\\n")
+        slow = "import time\\ndef prefix_sum(x):\\n    time.sleep(600)\\n"
+        (run.workspace / "solution.py").write_text(slow)
         box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
         first = await box.exec(["bash", "-c", "nohup sleep 600 >/dev/null 2>&1 & echo $!"])
         second = await box.exec(["bash", "-c", "pgrep -x sleep"])
         scoring = asyncio.ensure_future(box.score())
         await asyncio.sleep(float(sys.argv[2]))
         machine = box.backend.machine
-        print(json.dumps({"uid": box.backend.uid, "started": first.stdout.split(), "seen": second.stdout.split(),
+        print(json.dumps({"uid": box.backend.uid, "started": first.stdout.split(),
+                          "seen": second.stdout.split(),
                           "cgroups": [str(d) for g in (machine.group, machine.agent_group) for d in g.dirs],
                           "folders": [str(machine.control), str(box.home.root)]}), flush=True)
         if sys.argv[3] == "close":
@@ -82,7 +84,7 @@ def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path,
         assert during, "the scoring's snapshot should exist while it runs"
         import tempfile
 
-        # The agent's uid and the running scoring's (its snapshot is that uid's): no process of either may stay.
+        # The agent's uid and the running scoring's (its snapshot is that uid's): no process of either stays.
         uids = {info["uid"]} | {(Path(tempfile.gettempdir()) / d / "solution").stat().st_uid for d in during}
         if ending == "close":
             assert proc.stdout.readline().strip() == "closed"
@@ -91,7 +93,10 @@ def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path,
         if os.geteuid() != 0:
             uids = set()  # everything runs as the tester: the cgroups and folders tell
         deadline = time.monotonic() + 30
-        while (left := _leftovers(info, uids) + sorted(_snapshots() & during)) and time.monotonic() < deadline:
+        while True:
+            left = _leftovers(info, uids) + sorted(_snapshots() & during)
+            if not left or time.monotonic() > deadline:
+                break
             time.sleep(0.2)
         assert left == [], left
     finally:

@@ -14,7 +14,8 @@ from inspect_ai.model import ModelOutput, get_model
 from openrebench.harness import environment_tasks
 from openrebench.isolation import bwrap_binary
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")]
 
 
 def _call(tool: str, **arguments: object) -> ModelOutput:
@@ -29,7 +30,8 @@ def test_react_keeps_a_shell_and_background_jobs_between_tool_calls(tmp_path: Pa
         _call("text_editor", command="create", path="/workspace/notes.md", file_text="first line\n"),
         _call("text_editor", command="str_replace", path="/workspace/notes.md", old_str="first",
               new_str="edited"),
-        _call("bash", command="cat /workspace/notes.md; stat -c %U /workspace/notes.md; pgrep -x sleep | wc -l"),
+        _call("bash",
+              command="cat /workspace/notes.md; stat -c %U /workspace/notes.md; pgrep -x sleep | wc -l"),
         _call("submit", answer="done"),
     ]
     task = environment_tasks()["optimize_kernel"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"),

@@ -26,7 +26,8 @@ from openrebench.harness import OpenRebenchSandbox, SandboxConfig
 from openrebench.isolation import bwrap_binary
 from openrebench.runs import start_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available"),
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available"),
               pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="syscall numbers")]
 
 KEY_CALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]  # add_key, keyctl
@@ -232,7 +233,8 @@ def looked_without_defences(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         patch.setattr(_bwrap, "seccomp_supported", lambda: False)
         patch.setattr(_scoring, "bwrap_command", shared_ipc)
         patch.setattr(_machine, "bwrap_command", shared_ipc)
-        patch.setattr(bwrap_backend, "MachineSpec", functools.partial(_machine.MachineSpec, user_namespace=False))
+        no_userns = functools.partial(_machine.MachineSpec, user_namespace=False)
+        patch.setattr(bwrap_backend, "MachineSpec", no_userns)
         yield _attack(tmp_path_factory.mktemp("channels-off"))
     _cleanup_host_ipc()
 
@@ -264,7 +266,8 @@ def test_nothing_a_scoring_leaves_reaches_the_agent(looked: dict[str, bool], cha
 
 @pytest.mark.attack(env="all", cls="nothing-leaves")
 @pytest.mark.parametrize("channel", ["keyring", "sysv_shm", "sysv_msg", "posix_mq"])
-def test_without_its_defence_the_channel_leaks(looked_without_defences: dict[str, bool], channel: str) -> None:
+def test_without_its_defence_the_channel_leaks(looked_without_defences: dict[str, bool],
+                                               channel: str) -> None:
     """The same attack with the channel's defence switched off reaches the agent (the attack is real)."""
     if channel == "keyring" and not Path("/proc/keys").exists():
         pytest.skip("this kernel has no keyrings")

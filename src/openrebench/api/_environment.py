@@ -42,7 +42,8 @@ LOCAL_MODEL = "local"
 # The Inspect task's own arguments: a role is overridden as `-T <role>=<model>`, so it cannot be named
 # like one of them.
 RESERVED_ROLE_NAMES = frozenset({"tier", "agent", "time_limit", "runs_dir", "isolation", "message_limit",
-                                 "token_limit", "model", "models", "model_budget_usd", "model_budget_tokens"})
+                                 "token_limit", "model", "models", "model_budget_usd", "model_budget_tokens",
+                                 "resume"})
 
 
 class ModelRole(BaseModel, frozen=True):

@@ -3,6 +3,7 @@ that says whether every attempt was scored."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -135,7 +136,9 @@ def eval_(
                                                              "resuming from the logs (Inspect's eval_set)."
                                                 )] = 0,
     resume: Annotated[bool, typer.Option(help="Reuse finished work in --log-dir (Inspect's eval_set): "
-                                              "only what is missing or failed runs again.")] = False,
+                                              "only what is missing or failed runs again, and an attempt "
+                                              "left unfinished (a crash, a cut-off session) continues in "
+                                              "its run directory with its charged time.")] = False,
     max_samples: Annotated[int | None, typer.Option(help="Attempts run at once.")] = None,
     display: Annotated[str | None, typer.Option(help="Inspect's progress display: full, rich, plain, "
                                                      "none (default: Inspect's).")] = None,
@@ -159,6 +162,9 @@ def eval_(
     model_budget_tokens: Annotated[str | None, typer.Option(
         help="Per-run budget in tokens for the environment's models, e.g. 200k (default: the tier's)."
     )] = None,
+    login_user: Annotated[str | None, typer.Option(
+        help="With --agent human and a harness run as root: the person (user name) whose login command it "
+             "is, so that they log in as themselves.")] = None,
     cluster: Annotated[str | None, typer.Option(
         help="Run each attempt as a task on this Ray cluster (its address, or 'local' to start one here); "
              "--log-dir and --runs-dir must be shared storage. Needs Ray (the ray extra).")] = None,
@@ -225,6 +231,16 @@ def eval_(
         if code:
             raise typer.Exit(code)
         return
+    if login_user is not None:
+        import pwd
+
+        try:
+            pwd.getpwnam(login_user)
+        except KeyError:
+            raise OpenRebenchError(f"--login-user {login_user}: no such user on this machine") from None
+        os.environ["OPENREBENCH_LOGIN_USER"] = login_user
+    if resume:  # read by each attempt's set-up, not a task argument (which would change the tasks' identity)
+        os.environ["OPENREBENCH_RESUME"] = "1"
     # Making the tasks checks their arguments and the machine (nothing is set up yet).
     made = environment_tasks()
     tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),

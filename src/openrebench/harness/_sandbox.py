@@ -17,7 +17,9 @@ stopped) before each command and scoring, and the grants are revoked when the sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -43,6 +45,7 @@ from openrebench.isolation import Cgroup, GpuLease
 from openrebench.isolation._machine import SandboxDied
 from openrebench.runs import Run, ScoreRow, get_environment, score_run, start_run
 
+from ._attempt import AttemptRecord, claimed, continuable, current_epoch
 from ._layout import AgentHome
 from ._progress import InspectProgress
 from ._run_models import RunModels
@@ -60,15 +63,18 @@ from .backends import (
 logger = logging.getLogger(__name__)
 
 AGENT_USER = "agent"  # the one user of an attempt's sandbox (its uid is the attempt's own)
+HUMAN_STATE = "HumanAgentState"  # where Inspect's human agent keeps its clock in the sample's store
+RECORD_EVERY_S = 10.0
+RESUME_ENV = "OPENREBENCH_RESUME"  # "1": continue unfinished attempts (set by `openrebench eval --resume`)
 
 
 class SandboxConfig(BaseModel, frozen=True):
     """What a sample's sandbox needs: the environment, its tier, where runs go, how to isolate.
 
-    isolation: a backend's name (`bwrap`: required; `local`: none, with a loud warning; installed
-    plug-ins), or `auto` (bwrap where it starts, else local with the warning). models: the model of
-    each role the user chose (the tier's default for the others); model_budget_*: the run's budget for
-    them (default: the tier's).
+    isolation: a backend's name (`bwrap`; `none`: nothing isolated, said loudly; installed plug-ins), or
+    `auto` (an isolating backend, else an error). models: the model of each role the user chose (the
+    tier's default for the others); model_budget_*: the run's budget for them (default: the tier's).
+    resume: take up an attempt left unfinished in runs_dir (see `_attempt.py`) instead of a new run.
     """
 
     env_id: str
@@ -84,6 +90,8 @@ class SandboxConfig(BaseModel, frozen=True):
     models: tuple[tuple[str, str], ...] = ()  # (role, model) pairs: Inspect hashes the config
     model_budget_usd: float | None = None
     model_budget_tokens: int | None = None
+    agent: str | None = None  # the agent's name, recorded in the run (a resumed attempt matches it)
+    resume: bool = False  # continue an unfinished run of this environment in runs_dir, where there is one
 
     @field_validator("models", mode="before")
     @classmethod
@@ -127,6 +135,18 @@ class OpenRebenchSandbox(SandboxEnvironment):
         self.service = ScoringService(score=self._score_text, log=lambda: format_log(self.run))
         self._score_lock = asyncio.Lock()
         self._clock: Any = None
+        self._store: Any = None
+        self.record = None
+        self._saved_at = 0.0
+
+    @property
+    def record(self) -> AttemptRecord | None:
+        return self._record
+
+    @record.setter
+    def record(self, record: AttemptRecord | None) -> None:
+        self._record = record
+        self._charged_before = record.charged_s if record is not None else 0.0
 
     @property
     def harness_dir(self) -> Path:
@@ -166,20 +186,30 @@ class OpenRebenchSandbox(SandboxEnvironment):
             lease = await anyio.to_thread.run_sync(lambda: GpuLease.acquire(
                 spec.gpu_count, timeout_s=config.gpu_wait_s, on_wait=logger.warning))
         name = f"{config.env_id}-{config.tier}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        path = Path(config.runs_dir).expanduser().absolute() / name
+        runs_dir = Path(config.runs_dir).expanduser().absolute()
+        path = runs_dir / name
+        epoch = current_epoch()
         try:
             devices = lease.device_nodes() if lease else None
-            with reporting(InspectProgress()):  # asset builds show in Inspect's footer
-                run, row = await anyio.to_thread.run_sync(
-                    lambda: start_run(config.env_id, config.tier, path, sandboxed=backend.sandboxed_scoring,
-                                      devices=devices, access=models.scoring if models else None,
-                                      models=models.models if models else None))
-            if row is not None and row.details.get("infrastructure"):
-                # No baseline: an attempt now would be scored against a broken harness, not the agent.
-                raise RuntimeError(f"{run.path}: the starting solution could not be scored: {row.message} "
-                                   f"(row #{row.index} of {run.score_log_path})")
-            return {"default": await cls.for_run(run, config, isolation=backend.name, lease=lease,
-                                                 models=models)}
+            resume = config.resume or os.environ.get(RESUME_ENV) == "1"
+            run, record = _resume(runs_dir, config, epoch) if resume else (None, None)
+            if run is None:
+                with reporting(InspectProgress()):  # asset builds show in Inspect's footer
+                    run, row = await anyio.to_thread.run_sync(
+                        lambda: start_run(config.env_id, config.tier, path,
+                                          sandboxed=backend.sandboxed_scoring, devices=devices,
+                                          access=models.scoring if models else None,
+                                          models=models.models if models else None))
+                if row is not None and row.details.get("infrastructure"):
+                    # No baseline: an attempt now would be scored against a broken harness, not the agent.
+                    raise RuntimeError(f"{run.path}: the starting solution could not be scored: "
+                                       f"{row.message} (row #{row.index} of {run.score_log_path})")
+                record = AttemptRecord(pid=os.getpid(), host=os.uname().nodename, agent=config.agent,
+                                       epoch=epoch)
+                record.write(run.path)
+            box = await cls.for_run(run, config, isolation=backend.name, lease=lease, models=models)
+            box.record = record
+            return {"default": box}
         except BaseException:
             if models:
                 models.close()
@@ -230,7 +260,10 @@ class OpenRebenchSandbox(SandboxEnvironment):
             raise
         return box
 
-    async def close(self) -> None:
+    async def close(self, interrupted: bool = False) -> None:
+        if self.record is not None:
+            used = self.working_time_s() or 0.0
+            self._save_record(used, "interrupted" if interrupted else "ended")
         if self.models is not None:
             self.models.close()
         self.service.close()
@@ -244,16 +277,67 @@ class OpenRebenchSandbox(SandboxEnvironment):
                              environments: dict[str, SandboxEnvironment], interrupted: bool) -> None:
         for env in environments.values():
             if isinstance(env, OpenRebenchSandbox):
-                await env.close()
+                await env.close(interrupted)
 
     # -- scoring ---------------------------------------------------------------------------------------
     def working_time_s(self) -> float | None:
-        """Working time so far on Inspect's clock (None outside an Inspect sample)."""
-        clock = _working_clock() or self._clock
-        if clock is not None:
+        """Working time so far: the human agent's own clock where a person works (it stops when they
+        pause, `task stop`, and a resumed attempt starts it where it was), else Inspect's working clock
+        plus what earlier sessions of a resumed attempt charged. None outside an Inspect sample. Saved
+        in the run's attempt record every few seconds, so that an interruption loses little."""
+        human = self._human_clock()
+        if human is not None:
+            charged = human
+        else:
+            clock = _working_clock() or self._clock
+            if clock is None:
+                return None
             self._clock = clock
-            return float(clock.working())
-        return None
+            charged = self.charged_before + float(clock.working())
+        if self.record is not None and time.monotonic() - self._saved_at > RECORD_EVERY_S:
+            self._save_record(charged)
+        return charged
+
+    @property
+    def charged_before(self) -> float:
+        """Working time charged by the earlier sessions of a resumed attempt (0 for a new one)."""
+        return self._charged_before
+
+    def _remember_sample(self) -> None:
+        """Keep the sample's store (the human agent's clock lives there) for scorings asked over the
+        socket."""
+        if self._store is None:
+            with contextlib.suppress(Exception):
+                from inspect_ai.util import store
+
+                self._store = store()
+
+    def _human_clock(self) -> float | None:
+        store = self._store
+        if store is None or f"{HUMAN_STATE}:running_state" not in store:
+            return None
+        running = bool(store.get(f"{HUMAN_STATE}:running_state"))
+        accumulated = float(store.get(f"{HUMAN_STATE}:accumulated_time") or 0.0)
+        started = float(store.get(f"{HUMAN_STATE}:started_running") or time.time())
+        return accumulated + (time.time() - started if running else 0.0)
+
+    def _save_record(self, charged: float, state: str = "running") -> None:
+        assert self.record is not None
+        self.record.charged_s = max(self.record.charged_s, charged)
+        self.record.state = state  # type: ignore[assignment]
+        with contextlib.suppress(OSError):
+            self.record.write(self.run.path)
+        self._saved_at = time.monotonic()
+
+    def time_up(self) -> str | None:
+        """Why no more scorings are taken (the working time is spent), or None. Agents are stopped by
+        Inspect's working limit; a person's clock is the human agent's, which Inspect does not limit."""
+        limit = self.config.time_limit_s
+        used = self.working_time_s()
+        if limit is None or used is None or used < limit:
+            return None
+        return (f"Your working time is up ({used / 60:.1f} of {limit / 60:.0f} min used): no more scorings. "
+                "Run `task submit` to end the attempt.")
 
     async def score(self) -> ScoreRow:
         """Score the workspace now (one scoring at a time per run), in a fresh sandbox, with the agent's
@@ -286,6 +370,8 @@ class OpenRebenchSandbox(SandboxEnvironment):
 
     async def _score_text(self) -> str:
         """What the `score` command prints: `score` is looked up per call (tests replace it)."""
+        if (up := self.time_up()) is not None:
+            return up
         return self.describe(await self.score())
 
     # -- the agent's side ----------------------------------------------------------------------------
@@ -295,6 +381,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
         """Run `cmd` in the sandbox. Every command runs as the attempt's one user (`agent`): another
         `user` is refused with SandboxUserUnsupportedError, never silently ignored."""
         self._check_user(user)
+        self._remember_sample()
         self.working_time_s()  # remember the sample's clock for scorings asked over the socket
         await self._gateway_alive()
         try:
@@ -303,7 +390,8 @@ class OpenRebenchSandbox(SandboxEnvironment):
             raise SandboxUnavailableError(str(e)) from None
 
     def _check_user(self, user: str | None) -> None:
-        if user is None or user == AGENT_USER or (self.backend.uid is not None and user == str(self.backend.uid)):
+        own = self.backend.uid is not None and user == str(self.backend.uid)
+        if user is None or user == AGENT_USER or own:
             return
         raise SandboxUserUnsupportedError(
             f"the openrebench sandbox runs every command as its one user '{AGENT_USER}'; it cannot run as "
@@ -330,6 +418,26 @@ class OpenRebenchSandbox(SandboxEnvironment):
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """A login shell in the sandbox, for a person (Inspect's human agent prints this command)."""
         return SandboxConnection(type="openrebench", command=self.backend.login())
+
+
+def _resume(runs_dir: Path, config: SandboxConfig,
+            epoch: int | None) -> tuple[Run | None, AttemptRecord | None]:
+    """The newest unfinished run of this environment, tier and agent, taken over (its record says so)."""
+    with claimed(runs_dir):
+        for path in continuable(runs_dir, config.env_id, config.tier, config.agent, epoch):
+            record = AttemptRecord.read(path)
+            if record is None:
+                continue
+            run = Run.open(path)
+            rows, _ = run.rows()  # a scoring after the record's last save still counts
+            record.charged_s = max([record.charged_s, *(r.elapsed_s for r in rows if r.charged)])
+            record.state, record.pid, record.host = "running", os.getpid(), os.uname().nodename
+            record.resumed += 1
+            record.write(path)
+            logger.warning("continuing the unfinished attempt in %s (%.1f min charged so far)", path,
+                           record.charged_s / 60)
+            return run, record
+    return None, None
 
 
 def run_sandbox() -> OpenRebenchSandbox:

@@ -162,6 +162,17 @@ def model_args(env_id: str, tier: str, roles: Mapping[str, Any], usd: float | st
     return overrides, usd_limit, token_limit
 
 
+def _flag(value: bool | str) -> bool:
+    """A boolean task argument as Inspect passes it (`-T resume=true` arrives as a string or a bool)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("1", "true", "yes"):
+        return True
+    if str(value).lower() in ("0", "false", "no", ""):
+        return False
+    raise TaskArgError(f"resume '{value}' is not true or false")
+
+
 def _task_args(env_id: str, tier: str, agent: str, time_limit: float | str | None, isolation: str) -> float:
     """Check the task arguments as Inspect passes them (`-T` values arrive as strings or numbers);
     returns the working time in seconds (default: the tier's)."""
@@ -188,7 +199,7 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
                  time_limit: float | str | None = None, runs_dir: str = "runs", isolation: str = "auto",
                  message_limit: int | str | None = None, token_limit: int | str | None = None,
                  models: Mapping[str, str] | None = None, model_budget_usd: float | str | None = None,
-                 model_budget_tokens: int | str | None = None) -> Task:
+                 model_budget_tokens: int | str | None = None, resume: bool | str = False) -> Task:
     """The Inspect task for one environment; `time_limit` is the working time in seconds (default: the
     tier's), `runs_dir` where run directories go (made absolute here, so the runs stay put whatever
     the working directory of the code that reads them); `models` the model of each role the user
@@ -201,7 +212,7 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
     limits = agent_spec.limits(seconds, message_limit, token_limit)
     config = SandboxConfig(env_id=env_id, tier=tier, runs_dir=runs_dir, isolation=isolation,
                            time_limit_s=seconds, models=overrides, model_budget_usd=usd,
-                           model_budget_tokens=tokens)
+                           model_budget_tokens=tokens, agent=agent, resume=_flag(resume))
     env_models = resolve_models(env, tier, overrides)
     budget = resolve_budget(env, tier, usd, tokens)
     model_meta = {"env_models": env_models,
@@ -212,7 +223,7 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
         solver=agent_spec.factory(env, tier, seconds),
         scorer=run_score(),
         sandbox=("openrebench", config),
-        working_limit=int(seconds),
+        working_limit=None if agent_spec.own_clock else int(seconds),
         message_limit=limits.messages,
         token_limit=limits.tokens,
         name=env_id,
@@ -232,9 +243,9 @@ def _environment_task(env: type[Environment]) -> Callable[..., Task]:
     def make(tier: str = "mini", agent: str = "oracle", time_limit: float | str | None = None,
              runs_dir: str = "runs", isolation: str = "auto", message_limit: int | str | None = None,
              token_limit: int | str | None = None, model_budget_usd: float | str | None = None,
-             model_budget_tokens: int | str | None = None, **roles: str) -> Task:
+             model_budget_tokens: int | str | None = None, resume: bool | str = False, **roles: str) -> Task:
         return rebench_task(env_id, tier, agent, time_limit, runs_dir, isolation, message_limit, token_limit,
-                            roles, model_budget_usd, model_budget_tokens)
+                            roles, model_budget_usd, model_budget_tokens, resume)
 
     make.__name__ = make.__qualname__ = env_id
     roles = declared_roles(env)

@@ -29,6 +29,15 @@ def _size() -> tuple[int, int]:
     return size.lines, size.columns
 
 
+def _me() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
 def main() -> int:
     if len(sys.argv) != 3:
         sys.stderr.write("usage: _attach.py SOCKET REQUEST_JSON\n")
@@ -38,9 +47,10 @@ def main() -> int:
     try:
         conn.connect(path)
     except PermissionError:
-        sys.stderr.write(f"openrebench: this attempt's sandbox belongs to uid {os.stat(os.path.dirname(path)).st_uid}"
-                         f" and you are uid {os.getuid()}: log in as that user (or run the attempt as "
-                         "yourself, `openrebench eval ... --agent human`, so that its sandbox is yours)\n")
+        owner = os.stat(os.path.dirname(path)).st_uid
+        sys.stderr.write(f"openrebench: this attempt's sandbox belongs to uid {owner} and you are uid "
+                         f"{os.getuid()}: ask the operator to start it with `--login-user {_me()}` "
+                         "(or log in as that user)\n")
         return 1
     except OSError as e:
         sys.stderr.write(f"openrebench: the attempt's sandbox is not running ({e.strerror or e})\n")
@@ -59,7 +69,8 @@ def main() -> int:
         line += byte
     reply = json.loads(line or b"{}")
     if not reply.get("ok"):
-        sys.stderr.write(f"openrebench: no terminal: {reply.get('message') or reply.get('error') or 'no reply'}\n")
+        why = reply.get("message") or reply.get("error") or "no reply"
+        sys.stderr.write(f"openrebench: no terminal: {why}\n")
         return 1
     saved = None
     if interactive:

@@ -46,7 +46,8 @@ class Config:
     def __init__(self, data: dict) -> None:
         self.fd: int = data["fd"]
         self.uid: int | None = data.get("uid")  # drop commands to this uid (the server is root), or None
-        self.cgroup_procs: list[str] = data.get("cgroup_procs", [])  # the attempt's cgroup, joined by each command
+        # The cgroup.procs files of the attempt's cgroup, which each command joins.
+        self.cgroup_procs: list[str] = data.get("cgroup_procs", [])
         self.userns: bool = bool(data.get("userns"))
         self.cwd: str = data.get("cwd", "/")
         self.ready_fd: int | None = data.get("ready_fd")
@@ -121,10 +122,8 @@ def _make_userns(cfg: Config) -> int | None:
         sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
         fd = None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             parent.send(b"1")
-        except OSError:
-            pass
         parent.close()
         os.waitpid(pid, 0)
     return fd
@@ -135,7 +134,8 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
 
 
 def _drop_capabilities() -> None:
@@ -289,7 +289,8 @@ async def _reply(writer: asyncio.StreamWriter, header: dict, *payloads: bytes) -
 
 def _error(e: BaseException) -> dict:
     message = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-    return {"ok": False, "error": type(e).__name__, "errno": getattr(e, "errno", None) or 0, "message": message}
+    return {"ok": False, "error": type(e).__name__, "errno": getattr(e, "errno", None) or 0,
+            "message": message}
 
 
 async def _read_into(reader: asyncio.StreamReader, fd: int, size: int) -> None:
@@ -344,7 +345,8 @@ async def _exec(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamW
             os.close(fd)
 
 
-def _open_as_agent(path: str, flags: int, mode: int = 0o644, make_parents: bool = False) -> tuple[int | None, dict | None]:
+def _open_as_agent(path: str, flags: int, mode: int = 0o644,
+                   make_parents: bool = False) -> tuple[int | None, dict | None]:
     """Open `path` in a child that has become the agent (so the agent's permissions decide, and a link
     the agent planted leads only where the agent could go), and receive the descriptor from it."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -523,7 +525,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         elif op == "ping":
             await _reply(writer, {"ok": True, "pid": os.getpid(), "userns": USERNS_FD is not None})
         else:
-            await _reply(writer, {"ok": False, "error": "ValueError", "errno": 0, "message": f"unknown op {op!r}"})
+            await _reply(writer, {"ok": False, "error": "ValueError", "errno": 0,
+                                  "message": f"unknown op {op!r}"})
     except (ConnectionError, EOFError, asyncio.IncompleteReadError):
         pass
     except Exception as e:  # never let one request take the server down
@@ -553,7 +556,8 @@ async def _serve(cfg: Config) -> None:
     sock.setblocking(False)
     server = await asyncio.start_unix_server(_handle, sock=sock, limit=MAX_HEADER)
     if cfg.ready_fd is not None:
-        os.write(cfg.ready_fd, json.dumps({"pid": os.getpid(), "userns": USERNS_FD is not None}).encode() + b"\n")
+        ready = {"pid": os.getpid(), "userns": USERNS_FD is not None}
+        os.write(cfg.ready_fd, json.dumps(ready).encode() + b"\n")
         os.close(cfg.ready_fd)
     services = [asyncio.ensure_future(_keep_running(service)) for service in cfg.services]
     async with server:

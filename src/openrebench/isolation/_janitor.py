@@ -41,7 +41,8 @@ def _send(line: str) -> None:
         if _janitor is None or _janitor[0] != os.getpid() or _janitor[1].poll() is not None:
             proc = subprocess.Popen([sys.executable, "-m", "openrebench.isolation._janitor"],
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+                                    env={**os.environ,
+                                         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
             _janitor = (os.getpid(), proc)
         stdin = _janitor[1].stdin
         assert stdin is not None

@@ -168,7 +168,8 @@ class Machine:
         os.close(ready_w0)
         config = {"fd": listen_fd, "uid": self.spec.uid, "userns": self.spec.user_namespace,
                   "cwd": self.spec.sandbox.cwd, "ready_fd": ready_w,
-                  "services": [{"argv": argv, "env": dict(self.spec.sandbox.env)} for argv in self.spec.services],
+                  "services": [{"argv": argv, "env": dict(self.spec.sandbox.env)}
+                               for argv in self.spec.services],
                   "cgroup_procs": [f"{PRIVATE_DIR}/cgroup{i}/cgroup.procs"
                                    for i in range(len(self.agent_group.dirs) if self.agent_group else 0)]}
         server = [sys.executable, "-I", "-S", str(Path(__file__).with_name("_execd.py")), json.dumps(config)]
@@ -177,8 +178,8 @@ class Machine:
             # capability but switching uids, killing its commands and mapping root into the attempt's user
             # namespace (CAP_SETFCAP, which the kernel asks of whoever maps uid 0): the agent's uid cannot
             # signal, trace or read it.
-            server = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+setuid,+setgid,+setfcap,+kill", "--",
-                      *server]
+            server = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+setuid,+setgid,+setfcap,+kill",
+                      "--", *server]
         private = [Bind(d, f"cgroup{i}", writable=True)
                    for i, d in enumerate(self.agent_group.dirs if self.agent_group else [])]
         spec = self.spec.sandbox
@@ -187,7 +188,7 @@ class Machine:
                               new_session=True, plugins=spec.plugins, tools=spec.tools, seccomp=spec.seccomp,
                               private_binds=private)
         argv = [*(self.group.enter_prefix() if self.group else []), *bwrap_command(server, sandbox)]
-        log = open(self.spec.log_dir / "sandbox.log" if self.spec.log_dir else self.control / "sandbox.log", "ab")
+        log = open(self._log_path(), "ab")  # noqa: SIM115 - handed to the thread that starts bubblewrap
         started = threading.Event()
         failure: list[BaseException] = []
 
@@ -242,8 +243,11 @@ class Machine:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
 
+    def _log_path(self) -> Path:
+        return (self.spec.log_dir or self.control) / "sandbox.log"
+
     def log_tail(self, chars: int = 600) -> str:
-        path = self.spec.log_dir / "sandbox.log" if self.spec.log_dir else self.control / "sandbox.log"
+        path = self._log_path()
         try:
             return path.read_text(errors="replace").strip()[-chars:]
         except OSError:
@@ -316,8 +320,8 @@ class Machine:
         try:
             return await asyncio.open_unix_connection(str(self.socket_path), limit=16 << 20)
         except OSError as e:
-            raise SandboxDied(self._death() if not self.alive else f"the sandbox's exec server is unreachable "
-                              f"({e})") from None
+            why = self._death() if not self.alive else f"the sandbox's exec server is unreachable ({e})"
+            raise SandboxDied(why) from None
 
     def _death(self) -> str:
         code = self.proc.returncode if self.proc is not None else None

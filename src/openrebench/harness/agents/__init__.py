@@ -33,7 +33,9 @@ class AgentSpec:
     name: what `--agent` takes. factory: makes the Inspect agent for one task. description: one line
     for people choosing one. needs_model: whether it calls a model (the CLI then wants `--model` and
     bounds the cost). default_limits: its message and token limits for a working time, where it has
-    any (explicit limits override them); None: only explicit limits.
+    any (explicit limits override them); None: only explicit limits. own_clock: the agent counts its
+    working time itself (the human agent's clock, which a person pauses), so the task sets no Inspect
+    working limit and the harness refuses scorings once that clock has passed the working time.
     """
 
     name: str
@@ -41,6 +43,7 @@ class AgentSpec:
     description: str
     needs_model: bool = False
     default_limits: Callable[[float], Limits] | None = None
+    own_clock: bool = False  # it keeps its own working clock (a person's, with pauses): no Inspect limit
 
     def limits(self, seconds: float, messages: int | str | None = None,
                tokens: int | str | None = None) -> Limits:

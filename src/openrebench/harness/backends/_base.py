@@ -160,7 +160,8 @@ class Backend(ABC):
                     *launch.argv, stdin=stdin if data is not None else asyncio.subprocess.DEVNULL,
                     stdout=out, stderr=err, start_new_session=True, cwd=launch.cwd, env=launch.env)
             except FileNotFoundError:
-                return ExecResult(success=False, returncode=127, stdout="", stderr=f"{cmd[0]}: command not found\n")
+                return ExecResult(success=False, returncode=127, stdout="",
+                                  stderr=f"{cmd[0]}: command not found\n")
             try:
                 await asyncio.wait_for(proc.wait(), timeout)
             except TimeoutError:
@@ -171,7 +172,8 @@ class Backend(ABC):
             code = proc.returncode or 0
             code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as shells say
             return ExecResult(success=code == 0, returncode=code,
-                              stdout=_tail(out).decode(errors="replace"), stderr=_tail(err).decode(errors="replace"))
+                              stdout=_tail(out).decode(errors="replace"),
+                              stderr=_tail(err).decode(errors="replace"))
         finally:
             for fd in (stdin, out, err):
                 os.close(fd)

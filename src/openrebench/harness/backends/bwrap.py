@@ -21,12 +21,14 @@ import errno
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 from pathlib import Path
 
 from inspect_ai.util import ExecResult
 
+from openrebench.base import OpenRebenchError
 from openrebench.isolation import Bind, SandboxSpec, bwrap_usable
 from openrebench.isolation import Limits as ProcessLimits
 from openrebench.isolation._bwrap import sandbox_path
@@ -36,6 +38,24 @@ from openrebench.runs import get_environment
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
 from ._base import MAX_OUTPUT, Backend, _read_limit, output_limit_error
+
+LOGIN_USER_ENV = "OPENREBENCH_LOGIN_USER"
+
+
+def login_uid() -> int | None:
+    """The uid of the person a root harness hands the login to (OPENREBENCH_LOGIN_USER: a name or a uid),
+    or None. An unknown name is a one-line error."""
+    import pwd
+
+    who = os.environ.get(LOGIN_USER_ENV)
+    if not who or os.geteuid() != 0:
+        return None
+    if who.isdigit():
+        return int(who)
+    try:
+        return pwd.getpwnam(who).pw_uid
+    except KeyError:
+        raise OpenRebenchError(f"{LOGIN_USER_ENV}={who}: no such user on this machine") from None
 
 
 def _free_port() -> int:
@@ -89,7 +109,8 @@ class BwrapBackend(Backend):
         spec = SandboxSpec(binds=binds, cwd=WORKSPACE, env=env, network=a.network,
                            devices=a.lease.device_nodes() if a.lease else (),
                            limits=ProcessLimits(max_processes=None, max_memory_bytes=memory),
-                           tools=[str(t) for t in get_environment(a.run.info.env_id).host_tools(a.run.info.tier)])
+                           tools=[str(t) for t in
+                                  get_environment(a.run.info.env_id).host_tools(a.run.info.tier)])
         self.machine = await Machine.start(MachineSpec(
             spec, uid=self.uid, memory_bytes=a.memory_bytes, max_pids=a.max_processes,
             cpus=a.cpus or os.cpu_count(), name="agent", services=services, cleanup=[home.root]))
@@ -122,7 +143,8 @@ class BwrapBackend(Backend):
         except TimeoutError:
             raise TimeoutError(f"command timed out after {timeout} s") from None
         return ExecResult(success=out.returncode == 0, returncode=out.returncode,
-                          stdout=out.stdout.decode(errors="replace"), stderr=out.stderr.decode(errors="replace"))
+                          stdout=out.stdout.decode(errors="replace"),
+                          stderr=out.stderr.decode(errors="replace"))
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
         """Read as the agent, inside the sandbox: its permissions decide, and a link it planted leads
@@ -146,14 +168,23 @@ class BwrapBackend(Backend):
 
     def login(self) -> str:
         """A script (the attempt's own, mode 700) that opens a terminal in the sandbox: a login shell on
-        a pty of the sandbox, relayed to the caller's terminal. Any number may be open at once."""
+        a pty of the sandbox, relayed to the caller's terminal. Any number may be open at once.
+
+        It is the harness user's; a harness run as root gives it (and the sandbox's control socket) to the
+        person named by OPENREBENCH_LOGIN_USER (`openrebench eval --login-user NAME`), so that an expert
+        logs in as themselves. The relay needs only the standard library: the system's Python runs it
+        where there is one (a virtual environment under root's home is closed to others)."""
         machine = self._machine()
         login = self.attempt.home.root / "login"
         request = machine.terminal_request(["bash", "--login"], self.base_env)
         attach = Path(__file__).resolve().parents[2] / "isolation" / "_attach.py"
-        argv = [sys.executable, "-I", "-S", str(attach), str(machine.socket_path), json.dumps(request)]
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+        argv = [python, "-I", "-S", str(attach), str(machine.socket_path), json.dumps(request)]
         login.write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
         login.chmod(0o700)
+        if (person := login_uid()) is not None:
+            for path in (login, machine.control, machine.socket_path):
+                os.chown(path, person, -1)
         return str(login)
 
 

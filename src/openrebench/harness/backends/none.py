@@ -36,7 +36,8 @@ class NoneBackend(Backend):
                 interactive: bool = False) -> Launch:
         """`cmd` itself, in the host folder behind `cwd` (the workspace where it has none)."""
         home = self.attempt.home
-        host_cwd = home.host_path(cwd or WORKSPACE) or (cwd if cwd and cwd.startswith("/") else home.workspace)
+        outside = cwd if cwd and cwd.startswith("/") else home.workspace  # nothing isolates: any folder
+        host_cwd = home.host_path(cwd or WORKSPACE) or outside
         base = dict(os.environ)
         if (models := self.attempt.models) is not None:
             base.update(models.env())
