@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from terminal_support import Terminal
 
 from openrebench.isolation import bwrap_binary
+from terminal_support import Terminal
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bwrap_binary() is None or shutil.which("tmux") is None,
                                                    reason="needs bubblewrap and tmux")]

@@ -233,10 +233,26 @@ def test_cpu_time_of_an_attempt_is_limited(tmp_path: Path) -> None:
         loop.close()
 
 
-def test_agent_processes_are_frozen_while_a_timing_sensitive_scoring_runs(
-        box: OpenRebenchSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A counter the agent leaves running makes no progress while optimize_kernel is scored, and goes on
-    after (the scoring itself is replaced by one that watches the counter)."""
+@pytest.mark.parametrize("env_id", ["optimize_kernel", "scaling_law"])
+def test_agent_processes_are_frozen_while_any_scoring_runs(
+        env_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A counter the agent leaves running makes no progress while the run is scored (a timed environment
+    or not: the solution's code sees held-out data), and goes on after (the scoring itself is replaced by
+    one that watches the counter)."""
+
+
+    loop = asyncio.new_event_loop()
+    run = start_run(env_id, "mini", tmp_path / "run", score_start=False)[0]
+    box = loop.run_until_complete(OpenRebenchSandbox.for_run(run, SandboxConfig(env_id=env_id)))
+    box.loop = loop  # type: ignore[attr-defined]
+    try:
+        _frozen_while_scored(box, monkeypatch)
+    finally:
+        loop.run_until_complete(box.close())
+        loop.close()
+
+
+def _frozen_while_scored(box: OpenRebenchSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
     from openrebench.harness import _sandbox

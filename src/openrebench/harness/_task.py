@@ -41,6 +41,16 @@ from .backends import isolations
 
 GATEWAY_ROLE_PREFIX = "gateway/"
 
+MACHINE_NOTE = """
+
+## Your machine
+
+Your sandbox is one machine for the whole attempt. What you start in the background (for example
+`nohup python train.py > train.log 2>&1 &`, or a tmux session) keeps running between commands until you
+stop it or the attempt ends; give it its own log file and check on it later. While a scoring runs, every
+process of yours is frozen (stopped, then resumed where it was once the score is in): nothing of yours
+competes with the scoring, and a job left running makes no progress during `score`."""
+
 
 def record_role_usage(usage: dict[str, Any]) -> None:
     """Count the gateway's use of the environment's models in the Inspect log as role usage
@@ -218,7 +228,7 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
     model_meta = {"env_models": env_models,
                   "env_model_budget": {"usd": budget.usd, "tokens": budget.tokens}} if env_models else {}
     return Task(
-        dataset=[Sample(input=env.instructions(tier, seconds), id=f"{env_id}-{tier}",
+        dataset=[Sample(input=env.instructions(tier, seconds) + MACHINE_NOTE, id=f"{env_id}-{tier}",
                         metadata={"env_id": env_id, "tier": tier})],
         solver=agent_spec.factory(env, tier, seconds),
         scorer=run_score(),
