@@ -57,12 +57,12 @@ debian:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq || echo "note: apt-get update failed; chat_rl's mini tier needs dict-gcide"; \
 		else echo "note: apt does not know dict-gcide (run apt-get update as root); chat_rl's mini tier needs it"; fi; fi
 
-# The sandboxes drop to uid 65534, which must be able to reach this checkout (its Python and package):
+# The sandboxes drop to unprivileged uids of their own, which must be able to reach this checkout (its Python and package):
 # under a private home (root's /root is mode 700) the human agent's login fails. Say so up front.
 reach:
 	@d="$(CURDIR)"; while [ "$$d" != / ]; do \
 		if [ -z "$$(find "$$d" -maxdepth 0 -perm -o+x)" ]; then \
-			echo "note: $$d (mode $$(stat -c %a "$$d")) is closed to other users, so the sandboxes' uid 65534 cannot reach this checkout: the human agent's login and a scorer test will fail; clone elsewhere (e.g. under /srv) or chmod o+x $$d"; break; fi; \
+			echo "note: $$d (mode $$(stat -c %a "$$d")) is closed to other users, so the sandboxes' unprivileged uids cannot reach this checkout: the human agent's login and a scorer test will fail; clone elsewhere (e.g. under /srv) or chmod o+x $$d"; break; fi; \
 		d=$$(dirname "$$d"); done
 
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
