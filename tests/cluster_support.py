@@ -6,7 +6,8 @@ The toy environments run the real harness (Inspect eval, sandbox, scoring) in a 
 - `toy_cpu`: no GPU; its `build_assets` appends a line to TOY_BUILD_LOG whenever it really builds
   (its marker not yet in the node's cache), so a test can count builds per node;
 - `toy_gpu`: a CPU tier that declares one GPU, so Ray gives it one and the harness leases it; its
-  `write_run_files` records the GPUs the harness saw (OPENREBENCH_GPUS, CUDA_VISIBLE_DEVICES). On the
+  `write_run_files` records the GPUs the harness saw (OPENREBENCH_GPUS, CUDA_VISIBLE_DEVICES) and the
+  worker's Ray auth variables (the token's value hidden: where the worker got its token). On the
   simulated nodes (TOY_FAKE_GPUS set) the plug-in tells the harness's hardware check that the machine
   has the GPUs Ray made visible, which exist in name only;
 - `toy_slow`: one GPU too, and on a try's first attempt (a try folder named try1) its set-up sleeps
@@ -27,6 +28,7 @@ TOY_ENVS = '''
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -84,6 +86,9 @@ class ToyGpu(ToyCpu):
     def write_run_files(self, tier: str, workspace: Path, protected: Path, cache_dir: Path) -> None:
         seen = f"{os.environ.get('OPENREBENCH_GPUS')} {os.environ.get('CUDA_VISIBLE_DEVICES')}"
         (protected / "gpus.txt").write_text(seen + "\\n")
+        auth = {k: "(set)" if k == "RAY_AUTH_TOKEN" else v for k, v in os.environ.items()
+                if k.startswith("RAY_AUTH_")}
+        (protected / "ray_auth.json").write_text(json.dumps(auth))
 
 
 class ToySlow(ToyGpu):
@@ -122,6 +127,9 @@ def write_toy_plugin(root: Path) -> Path:
 RAY_ENV = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0",
            "RAY_enable_metrics_collection": "0", "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_DISABLE_IMPORT_WARNING": "1"}
+# Where Ray looks for its auth mode and token (the token: RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH
+# names, else ~/.ray/auth_token), cleared or set by the tests whatever the shell that runs them has.
+RAY_AUTH = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 OBJECT_STORE = 80 * 1024**2
 GiB = 1024**3
 

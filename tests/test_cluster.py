@@ -9,7 +9,10 @@ What runs for real and what is a toy:
 - a toy attempt (`gpu_probe`: start, hold the GPUs a second, end) for GPU exclusivity under load, where
   nine real evals would cost a minute more.
 
-One cluster serves the whole module; the nodes' processes start with as little as Ray allows.
+One cluster serves the whole module; the nodes' processes start with as little as Ray allows. It runs with
+Ray's token authentication, as Ray recommends and docs/cluster.md sets it up: a token made once by
+`ray get-auth-token --generate`, RAY_AUTH_MODE=token everywhere, and each node and the driver with its own
+copy of the token (a file only its owner reads, named by RAY_AUTH_TOKEN_PATH).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import ray
 from inspect_ai.log import list_eval_logs, read_eval_log
 from typer.testing import CliRunner
 
-from cluster_support import OBJECT_STORE, RAY_ENV, GiB, gpu_probe, write_toy_plugin
+from cluster_support import OBJECT_STORE, RAY_AUTH, RAY_ENV, GiB, gpu_probe, write_toy_plugin
 from openrebench.api import OpenRebenchError
 from openrebench.cli import app
 from openrebench.cluster import (
@@ -45,6 +48,7 @@ from openrebench.cluster import (
     ClusterEval,
     Driver,
     Resources,
+    forwarded_env,
     plan_attempts,
 )
 from openrebench.runs import refresh
@@ -55,12 +59,14 @@ NODES = {"head": (4, 0, 32), "n1": (8, 1, 32), "n2": (16, 2, 64)}  # CPUs, GPUs,
 
 @dataclass
 class Sim:
-    """The simulated cluster: Ray's Cluster, each node's name by node id, and its cache directory."""
+    """The simulated cluster: Ray's Cluster, each node's name by node id, its cache directory and its copy
+    of the cluster's auth token."""
 
     cluster: Any
     root: Path
     plugin: Path
     env: dict[str, str]
+    token: str
     names: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -69,10 +75,26 @@ class Sim:
         cpus, gpus, memory = self.shapes[name]
         return {"num_cpus": cpus, "num_gpus": gpus, "memory": memory * GiB,
                 "object_store_memory": OBJECT_STORE,
-                "env_vars": {**self.env, "OPENREBENCH_HOME": str(self.home(name))}}
+                "env_vars": {**self.env, "OPENREBENCH_HOME": str(self.home(name)),
+                             "RAY_AUTH_TOKEN_PATH": str(self.token_file(name))}}
 
     def home(self, name: str) -> Path:
         return self.root / f"home-{name}"
+
+    def token_file(self, name: str) -> Path:
+        """The token as copied onto a node (or the driver): a file only its owner reads."""
+        path = self.root / "tokens" / name
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(self.token)
+        return path
+
+    def driver_env(self, home: Path, **auth: str) -> dict[str, str]:
+        """The environment of a driver in a process of its own: `auth` its only Ray auth variables (none of
+        the shell's or this module's), and a home without ~/.ray/auth_token."""
+        env = {k: v for k, v in os.environ.items() if k not in RAY_AUTH}
+        return {**env, **RAY_ENV, "PYTHONPATH": self.env["PYTHONPATH"], "HOME": str(home), **auth}
 
     def add(self, name: str, shape: tuple[int, int, int]) -> None:
         self.shapes[name] = shape
@@ -84,19 +106,35 @@ class Sim:
         return self.shapes[self.names[node_id]][1]
 
 
+def generate_token(home: Path) -> str:
+    """A new token, made as docs/cluster.md makes one: `ray get-auth-token --generate` (~/.ray/auth_token)."""
+    env = {k: v for k, v in os.environ.items() if k not in RAY_AUTH}
+    made = subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"],
+                          env={**env, "HOME": str(home)}, capture_output=True, text=True, check=True)
+    token = (home / ".ray" / "auth_token").read_text()
+    assert made.stdout == token and len(token) >= 32
+    return token
+
+
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    from ray._private.authentication_test_utils import reset_auth_token_state
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("cluster")
     plugin = write_toy_plugin(root / "site")
     path = os.pathsep.join(filter(None, [str(TESTS), str(plugin), os.environ.get("PYTHONPATH")]))
-    env = {**RAY_ENV, "PYTHONPATH": path, "TOY_BUILD_LOG": str(root / "builds.log"), "TOY_FAKE_GPUS": "1"}
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)  # the head's own processes, started from here
+    env = {**RAY_ENV, "RAY_AUTH_MODE": "token", "PYTHONPATH": path, "TOY_BUILD_LOG": str(root / "builds.log"),
+           "TOY_FAKE_GPUS": "1"}
+    saved = {k: os.environ.get(k) for k in (*RAY_ENV, *RAY_AUTH)}
+    s = Sim(cluster=None, root=root, plugin=plugin, env=env, token=generate_token(root / "token-maker"))
+    # The head's own processes (started from here) and this process, the driver: token mode, the token in
+    # the driver's copy. Ray keeps the mode and the token in process-wide caches: reset them.
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.update(RAY_ENV, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(s.token_file("driver")))
+    reset_auth_token_state()
     sys.path.insert(0, str(plugin))
     refresh()
-    s = Sim(cluster=None, root=root, plugin=plugin, env=env)
     s.shapes["head"] = NODES["head"]
     head = {**s.node_args("head"), "include_dashboard": False}
     s.cluster = Cluster(initialize_head=True, head_node_args=head)
@@ -116,6 +154,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        reset_auth_token_state()
 
 
 def invoke(*args: str) -> Any:
@@ -206,6 +245,56 @@ def test_eval_on_the_cluster_logs_every_attempt_once_where_analyze_and_inspect_r
     assert homes["toy_gpu"] == {str(sim.home(n)) for n in ("n1", "n2")}
     for name in ("head", "n1", "n2"):
         assert (sim.home(name) / "cluster" / "toy_cpu--mini.prepared.jsonl").exists()
+
+
+def test_an_attempt_runs_on_a_cluster_that_wants_a_token_its_worker_authenticated_by_its_node(
+        sim: Sim, tmp_path: Path) -> None:
+    """A driver with the token in RAY_AUTH_TOKEN runs an attempt end to end. The attempt's worker has its
+    node's token (the file its raylet was started with), not the driver's: Ray does not pass it on, and
+    the driver forwards no variable of Ray's."""
+    logs = tmp_path / "logs"
+    env = sim.driver_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=sim.token)
+    done = subprocess.run([str(Path(sys.executable).parent / "openrebench"), "eval", "toy_gpu", "--cluster",
+                           sim.cluster.address, "--log-dir", str(logs), "--runs-dir", str(tmp_path / "runs"),
+                           "--display", "none"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (log,) = eval_logs(logs)
+    assert log.status == "success" and log.samples[0].scores["run_score"].value == 1.0
+    queue = AttemptQueue(logs / QUEUE_FILE)
+    ((attempt, (t,)),) = [(a, queue.tries(a.id)) for a in queue.attempts()]
+    queue.close()
+    auth = json.loads((Path(attempt.run_dir or "") / "protected" / "ray_auth.json").read_text())
+    node_copy = sim.token_file(sim.names[t.node or ""])
+    assert auth == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(node_copy)}
+
+
+@pytest.mark.parametrize(("auth", "why"), [
+    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+     "the cluster refused this driver's Ray auth token (not the one its nodes have)"),
+    ({"RAY_AUTH_MODE": "token"}, "RAY_AUTH_MODE=token but this driver has no token"),
+    ({}, "the cluster wants Ray's auth token and this driver sends none (RAY_AUTH_MODE is not token)"),
+], ids=["wrong-token", "no-token", "no-auth-mode"])
+def test_a_driver_without_the_clusters_token_is_refused_in_one_line_that_says_what_to_do(
+        sim: Sim, tmp_path: Path, auth: dict[str, str], why: str) -> None:
+    logs = tmp_path / "logs"
+    # A refused token: Ray tries 20 times, a second apart, before it gives up; once is enough here.
+    env = {**sim.driver_env(tmp_path, **auth), "RAY_NUM_REDIS_GET_RETRIES": "1"}
+    done = subprocess.run([str(Path(sys.executable).parent / "openrebench"), "eval", "toy_cpu", "--cluster",
+                           sim.cluster.address, "--log-dir", str(logs), "--runs-dir", str(tmp_path / "runs"),
+                           "--display", "none"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: --cluster {sim.cluster.address}: {why}: every node and the driver "
+                           "need the same token: RAY_AUTH_MODE=token"), last
+    queue = AttemptQueue(logs / QUEUE_FILE)
+    assert len(queue) == 0  # the driver stopped before queueing: the same command works once the token does
+    queue.close()
+
+
+def test_the_driver_passes_attempts_provider_keys_and_endpoints_and_never_rays_variables() -> None:
+    environ = {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "u", "RAY_AUTH_TOKEN": "t", "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": "/t", "HF_TOKEN": "h", "HOME": "/root"}
+    assert forwarded_env(environ) == {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "u"}
 
 
 def test_a_node_killed_mid_attempt_is_retried_on_another_node_and_its_partial_run_kept(

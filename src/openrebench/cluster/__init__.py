@@ -5,7 +5,7 @@ durable queue on the driver (retries, node losses, resume); per-node asset prepa
 Ray is optional (`pip install 'openrebench[ray]'`): it is imported only when a cluster is used.
 """
 
-from ._driver import QUEUE_FILE, ClusterEval, Driver, Outcome, connect, driver_lock
+from ._driver import QUEUE_FILE, ClusterEval, Driver, Outcome, connect, driver_lock, forwarded_env
 from ._eval import eval_on_cluster, plan_attempts
 from ._node import LOST_FILE, RESULT_FILE, START_FILE, prepare_assets, run_attempt, trivial_attempt
 from ._queue import LOST_TRIES, Attempt, AttemptQueue, Try
@@ -13,5 +13,5 @@ from ._spec import AttemptSpec, Resources, attempt_resources
 
 __all__ = ["LOST_FILE", "LOST_TRIES", "QUEUE_FILE", "RESULT_FILE", "START_FILE", "Attempt", "AttemptQueue",
            "AttemptSpec", "ClusterEval", "Driver", "Outcome", "Resources", "Try", "attempt_resources",
-           "connect", "driver_lock", "eval_on_cluster", "plan_attempts", "prepare_assets", "run_attempt",
-           "trivial_attempt"]
+           "connect", "driver_lock", "eval_on_cluster", "forwarded_env", "plan_attempts", "prepare_assets",
+           "run_attempt", "trivial_attempt"]

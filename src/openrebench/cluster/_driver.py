@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,13 @@ LOCK_FILE = "openrebench-cluster.lock"
 FORWARDED = re.compile(r"_(API_KEY|BASE_URL)$")
 """Variables the driver passes to every attempt (Ray's runtime_env): provider keys and endpoints, so the
 nodes need none of their own. Ray keeps them with the job: a cluster shared with others sees them."""
+AUTH_REFUSED = re.compile(r"AuthenticationError|InvalidAuthToken|Unauthenticated")
+"""How Ray says that the cluster wants a token this driver did not give: an `AuthenticationError` (token
+mode with no token here), or, for a wrong token or none sent, a ConnectionError after 20 tries whose cause
+(the GCS client's last error) names it."""
+AUTH_HELP = ("every node and the driver need the same token: RAY_AUTH_MODE=token, and the token in "
+             "RAY_AUTH_TOKEN or a file (~/.ray/auth_token, or the one RAY_AUTH_TOKEN_PATH names); "
+             "`ray get-auth-token --generate` makes one (docs/cluster.md, 'Setting up a cluster')")
 NODES_EVERY_S = 5.0
 RESOURCES_EVERY_S = 2.0
 
@@ -108,7 +115,7 @@ def connect(address: str) -> None:
         raise OpenRebenchError("--cluster needs Ray: pip install 'openrebench[ray]'") from None
     if ray.is_initialized():
         return
-    env_vars = {k: v for k, v in os.environ.items() if FORWARDED.search(k)}
+    env_vars = forwarded_env(os.environ)
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
                                "namespace": "openrebench",
                                "runtime_env": {"env_vars": env_vars} if env_vars else None}
@@ -117,8 +124,37 @@ def connect(address: str) -> None:
             ray.init(include_dashboard=False, **options)
         else:
             ray.init(address=address, **options)
-    except (ConnectionError, RuntimeError, ValueError) as e:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
+        if (why := _auth_refused(e)) is not None:
+            raise OpenRebenchError(f"--cluster {address}: {why}: {AUTH_HELP}") from None
         raise OpenRebenchError(f"--cluster {address}: {one_line(str(e))}") from None
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The provider keys and endpoints an attempt gets from the driver; never a variable of Ray's (its auth
+    token above all: a job's runtime_env is readable by whoever can list the cluster's jobs, and a worker
+    authenticates with its own node's token, which it inherits from the node's raylet)."""
+    return {k: v for k, v in environ.items() if FORWARDED.search(k) and not k.startswith("RAY_")}
+
+
+def _auth_refused(error: BaseException) -> str | None:
+    """What was wrong with this driver's token, if the cluster's token authentication is why `ray.init`
+    failed (else None)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = error
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    if not AUTH_REFUSED.search(text):
+        return None
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return "the cluster wants Ray's auth token and this driver sends none (RAY_AUTH_MODE is not token)"
+    if "RAY_AUTH_TOKEN_PATH is set but" in text:
+        return f"RAY_AUTH_TOKEN_PATH names {os.environ.get('RAY_AUTH_TOKEN_PATH')}, not a readable token file"
+    if "no authentication token was found" in text:
+        return "RAY_AUTH_MODE=token but this driver has no token"
+    return "the cluster refused this driver's Ray auth token (not the one its nodes have)"
 
 
 @contextlib.contextmanager
@@ -167,9 +203,9 @@ class Driver:
     def run(self) -> Outcome:
         import ray
 
+        connect(self.plan.address)  # first: a driver refused (its token, say) leaves no queue to --resume
         self.queue.plan(self.plan.specs, self.plan.resume)
         self._recover()
-        connect(self.plan.address)
         options = {"max_retries": 0, "retry_exceptions": False}
         self._remote = ray.remote(max_calls=1 if self.plan.fresh_worker else 0, **options)(self.plan.runner)
         self._prepare_remote = ray.remote(num_cpus=1, **options)(prepare_assets)
