@@ -134,8 +134,9 @@ def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
     code, out = invoke("eval", "--help")
     assert code == 0, out
     assert "human, oracle (no model), react or toy_agent." in out
-    assert ("auto (bwrap where it starts, else local with a warning), bwrap, local (no isolation), or "
-            "toy_box.") in out
+    assert ("auto (an isolating sandbox (bwrap), else an error naming what is missing), bwrap, none (no "
+            "isolation at all: only by name, marked UNISOLATED in the results), or toy_box.") in " ".join(
+        line.strip(" │") for line in out.splitlines())
 
 
 def test_scoring_from_inside_the_workspace_imports_nothing_of_the_agent(kernel_run: Run) -> None:

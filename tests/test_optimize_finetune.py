@@ -188,7 +188,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         uids.append(os.stat(f"/proc/{pid}").st_uid)
     except OSError:
         pass
-print("solution processes:", uids.count(65534))
+print("solution processes:", sum(1 for u in uids if u != 0))  # the scorer is root; the solution not
 left = ("/tmp/triton", "/tmp/torchinductor_root", "/dev/shm/left")
 print("left files:", [p for p in left if os.path.exists(p)])
 for v in ("TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", "XDG_CACHE_HOME"):

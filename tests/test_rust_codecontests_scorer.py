@@ -155,7 +155,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[ScoreResult, float]
     with pytest.MonkeyPatch.context() as mp:
         _model_env(mp)
         mp.setenv("OPENREBENCH_HOME", str(root / "home"))
-        mp.delenv("OPENREBENCH_SOLUTION_DROP", raising=False)
+        mp.delenv("OPENREBENCH_SOLUTION_UID", raising=False)
         t0 = time.monotonic()
         result = scorer.score(SPEC, solution, protected)
         return result, time.monotonic() - t0
@@ -241,7 +241,7 @@ def test_a_scaffold_that_cannot_load_is_invalid_with_one_clear_line(
         case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, expected = IMPORT_FAILURES[case]
     _model_env(monkeypatch)
-    monkeypatch.delenv("OPENREBENCH_SOLUTION_DROP", raising=False)
+    monkeypatch.delenv("OPENREBENCH_SOLUTION_UID", raising=False)
     solution = tmp_path / "solution"
     solution.mkdir()
     if code is not None:
@@ -269,7 +269,7 @@ def nobody_rustc() -> Iterator[str]:
 @pytest.fixture
 def dropping(nobody_rustc: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """As in the scoring sandbox: root, told to run the solution's code (and rustc, and programs) as 65534."""
-    monkeypatch.setenv("OPENREBENCH_SOLUTION_DROP", "1")
+    monkeypatch.setenv("OPENREBENCH_SOLUTION_UID", "65534")
     monkeypatch.setenv("RUSTC", nobody_rustc)
     _model_env(monkeypatch)
 
@@ -355,7 +355,7 @@ def secret() -> Iterator[tuple[Path, dict[str, Any]]]:
 def test_the_secret_programs_would_read_the_answer_without_the_uid_drop(
         secret: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     """The reading programs below are right: as the scorer's own uid they solve the problem."""
-    monkeypatch.delenv("OPENREBENCH_SOLUTION_DROP", raising=False)
+    monkeypatch.delenv("OPENREBENCH_SOLUTION_UID", raising=False)
     path, problem = secret
     assert _judge([_reader(path), _includer(path)], [problem, problem]) == ["solved", "solved"]
 
@@ -501,7 +501,7 @@ def test_no_rustc_is_an_infrastructure_failure(tmp_path: Path, monkeypatch: pyte
 def test_an_answer_that_is_not_valid_unicode_is_judged_not_a_crash(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _model_env(monkeypatch)
-    monkeypatch.delenv("OPENREBENCH_SOLUTION_DROP", raising=False)
+    monkeypatch.delenv("OPENREBENCH_SOLUTION_UID", raising=False)
     source = CORRECT["product"] + "// \ud800\n"
     solution = _solution(tmp_path / "solution", "async def generate_solution(client, semaphore, problem):\n"
                                                 f"    return {source!r}\n")

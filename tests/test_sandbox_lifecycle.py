@@ -43,11 +43,13 @@ HARNESS = textwrap.dedent("""
                           "seen": second.stdout.split(),
                           "cgroups": [str(d) for g in (machine.group, machine.agent_group) for d in g.dirs],
                           "folders": [str(machine.control), str(box.home.root)]}), flush=True)
-        if sys.argv[3] == "close":
-            scoring.cancel()
-            await box.close()
-            print("closed", flush=True)
-        await asyncio.sleep(600)
+        try:
+            if sys.argv[3] == "close":
+                await box.close()  # the attempt ends during a scoring
+                print("closed", flush=True)
+            await asyncio.sleep(600)
+        finally:  # Ctrl-C: Inspect ends its samples' sandboxes as this does
+            await box.close(interrupted=True)
 
     asyncio.run(main())
 """)

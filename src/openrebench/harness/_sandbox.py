@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -136,6 +137,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
         self._score_lock = asyncio.Lock()
         self._clock: Any = None
         self._store: Any = None
+        self._ending = threading.Event()  # set when the attempt ends: a scoring under way stops
         self.record = None
         self._saved_at = 0.0
 
@@ -261,6 +263,13 @@ class OpenRebenchSandbox(SandboxEnvironment):
         return box
 
     async def close(self, interrupted: bool = False) -> None:
+        if self._ending.is_set():
+            return  # closed already (an agent's own close, then Inspect's clean-up)
+        self._ending.set()  # a scoring under way is stopped (its row says so) before the sandbox goes
+        with contextlib.suppress(TimeoutError):
+            with anyio.fail_after(60):
+                async with self._score_lock:
+                    pass
         if self.record is not None:
             used = self.working_time_s() or 0.0
             self._save_record(used, "interrupted" if interrupted else "ended")
@@ -360,7 +369,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
                 access = self.models.scoring if self.models else None
                 return await anyio.to_thread.run_sync(lambda: score_run(
                     self.run, elapsed_s=elapsed, sandboxed=self.backend.sandboxed_scoring, devices=devices,
-                    access=access, refused=refused))
+                    access=access, refused=refused, stop=self._ending))
             finally:
                 if frozen and await anyio.to_thread.run_sync(self.backend.freeze, False) is False:
                     logger.warning("the agent's processes of %s could not be thawed", self.run.path)

@@ -202,6 +202,17 @@ def _session_members(sid: int) -> list[int]:
     return found
 
 
+def _is_frozen() -> bool:
+    """Whether the harness has frozen the attempt (a scoring runs): then nothing here may thaw it."""
+    for procs in CONFIG.cgroup_procs:
+        folder = os.path.dirname(procs)
+        for name, frozen in (("freezer.state", "FROZEN"), ("cgroup.freeze", "1")):
+            with contextlib.suppress(OSError), open(os.path.join(folder, name)) as f:
+                if f.read().strip() == frozen:
+                    return True
+    return False
+
+
 def _set_frozen(frozen: bool) -> bool:
     """Freeze or thaw the attempt's cgroup (all its commands), where it has a freezer; False where not."""
     for procs in CONFIG.cgroup_procs:
@@ -224,6 +235,11 @@ def _kill_session(sid: int) -> None:
     read and the kills sent (a thawed fork bomb would outrun any loop), then thawed so the kills land."""
     import time
 
+    if _is_frozen():  # a scoring runs: the kills land when the harness thaws the attempt
+        for pid in _session_members(sid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         frozen = _set_frozen(True)

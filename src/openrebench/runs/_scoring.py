@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -298,7 +299,7 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
 
 def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeout_s: float,
                memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = (),
-               access: ScoringAccess | None = None) -> ScoreResult:
+               access: ScoringAccess | None = None, stop: threading.Event | None = None) -> ScoreResult:
     """Run the environment's scorer in a fresh process with a wall-clock and a resident-memory limit:
     in a bubblewrap sandbox with `sandboxed`, else in its own PID namespace where one can be made,
     with what `access` adds. Any failure becomes an invalid result."""
@@ -325,7 +326,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
             env = {**(env or os.environ), **access.env}
     config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
     try:
-        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup, env=env)
+        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup, env=env,
+                      stop=stop)
     finally:
         if cgroup is not None:
             cgroup.close()
@@ -346,7 +348,7 @@ def _scorer_env() -> dict[str, str] | None:
 
 def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit: float,
            memory_limit_gb: float, timeout_s: float, cgroup: Cgroup | None,
-           env: dict[str, str] | None = None) -> ScoreResult:
+           env: dict[str, str] | None = None, stop: threading.Event | None = None) -> ScoreResult:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
                                 start_new_session=True, cwd=cwd, env=env)
@@ -359,6 +361,12 @@ def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit:
         ps = psutil.Process(proc.pid)
         while proc.poll() is None:
             peak = max(peak, _tree_rss(ps))
+            if stop is not None and stop.is_set():  # the attempt ended (Ctrl-C, its end): nothing to score for
+                _kill_tree(proc)
+                if cgroup is not None:
+                    cgroup.kill_all()
+                proc.wait()
+                return infrastructure_failure("the attempt ended while this scoring ran", peak_rss_bytes=peak)
             if peak > limit:
                 reason = f"used more than {memory_limit_gb:g} GB of memory"
             elif time.monotonic() > deadline:
@@ -458,8 +466,8 @@ def _protected_problem(run: Run) -> str | None:
 
 
 def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
-                    devices: Sequence[str] | None, access: ScoringAccessFn | None = None
-                    ) -> tuple[ScoreResult, str, list[str]]:
+                    devices: Sequence[str] | None, access: ScoringAccessFn | None = None,
+                    stop: threading.Event | None = None) -> tuple[ScoreResult, str, list[str]]:
     env = run.env
     tier = env.tier(run.info.tier)
     with _tracked_temp_dir("openrebench-snapshot-") as tmp:
@@ -479,7 +487,7 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
             result = run_scorer(env.id, tier.name, snapshot, run.protected,
                                 timeout_s=timeout_s or tier.score_timeout_s,
                                 memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices,
-                                access=given)
+                                access=given, stop=stop)
             if given is not None and given.report is not None:
                 result.details.update(given.report())
             failed = given.infrastructure() if given is not None and given.infrastructure else None
@@ -493,7 +501,8 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",
               charged: bool = True, timeout_s: float | None = None, elapsed_s: float | None = None,
               sandboxed: bool | None = None, devices: Sequence[str] | None = None,
-              access: ScoringAccessFn | None = None, refused: str | None = None) -> ScoreRow:
+              access: ScoringAccessFn | None = None, refused: str | None = None,
+              stop: threading.Event | None = None) -> ScoreRow:
     """Score the run's current workspace and append the row to its score log: exactly one row, whatever
     the solution or the harness did (a harness exception becomes an infrastructure row, re-raised
     afterwards only if it was an interruption).
@@ -503,7 +512,8 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
     `sandboxed` defaults to `scoring_sandbox_default()`; `devices` are the GPU nodes the scorer may
     use (default: all of them, for tiers that need a GPU); `access` what the scorer is given besides
     (the run's models: see `ScoringAccess`); `refused`, why the harness may not score now (the agent
-    could not be frozen, say): the row is then an infrastructure failure that says so, and nothing runs.
+    could not be frozen, say): the row is then an infrastructure failure that says so, and nothing runs;
+    `stop`, set by whoever ends the attempt meanwhile: the scorer is killed and the row says why.
     """
     started = time.monotonic()
     sha, notes, interrupted = "", [], None
@@ -511,7 +521,7 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
         if refused is not None:
             result = infrastructure_failure(f"scoring refused: {refused}")
         else:
-            result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices, access)
+            result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices, access, stop)
     except BaseException as e:  # the harness's own failure: still one row
         interrupted = None if isinstance(e, Exception) else e
         what = "scoring was interrupted" if interrupted else "the harness failed while scoring"
