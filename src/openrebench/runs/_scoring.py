@@ -361,7 +361,7 @@ def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit:
         ps = psutil.Process(proc.pid)
         while proc.poll() is None:
             peak = max(peak, _tree_rss(ps))
-            if stop is not None and stop.is_set():  # the attempt ended (Ctrl-C, its end): nothing to score for
+            if stop is not None and stop.is_set():  # the attempt ended (Ctrl-C, its end): none to score for
                 _kill_tree(proc)
                 if cgroup is not None:
                     cgroup.kill_all()
