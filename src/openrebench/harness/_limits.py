@@ -118,7 +118,10 @@ def caption(metadata: dict[str, Any] | None, working_s: float | None) -> str:
     """The limits a logged task ran under, from the task metadata `rebench_task` records."""
     meta = metadata or {}
     lim = Limits(meta.get("message_limit"), meta.get("token_limit"), meta.get("idle_turns"))
-    parts = [f"{fmt_duration(working_s)} working time" if working_s else None, lim.describe(),
+    own = meta.get("own_clock_s")  # a person's clock (the human agent), which Inspect does not limit
+    timed = (f"{fmt_duration(working_s)} working time" if working_s else
+             f"{fmt_duration(own)} working time on the person's clock" if own else None)
+    parts = [timed, lim.describe(),
              f"stop after {lim.idle_turns} turns without a tool call" if lim.idle_turns else None]
     return "per attempt: " + ", ".join(p for p in parts if p)
 

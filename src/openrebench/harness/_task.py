@@ -241,6 +241,7 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
         # longer installed (a plug-in removed).
         metadata={"env_id": env_id, "tier": tier, "agent": agent, "rebench_id": env.rebench_id,
                   "score_visible": env.score_visible, "direction": str(env.direction), **limits.metadata(),
+                  **({"own_clock_s": seconds} if agent_spec.own_clock else {}),
                   **model_meta},
     )
 
