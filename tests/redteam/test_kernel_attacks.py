@@ -338,3 +338,29 @@ def test_cpu_burners_slow_the_yardstick_between_calls(tmp_path: Path, monkeypatc
     # ...and gains nothing: the time counts against at most the block measured before the import.
     assert not y["after_trusted"] and y["ms"] <= before, f"attack works: yardstick {y['ms']:.1f} ms"
     assert result.raw >= math.log(result.details["median_ms"] * y["ms_at_calibration"] / before) - 1e-9
+
+
+# Class 1: nothing of the submission runs before or during a measurement it is compared with. The
+# host's protocol overhead (the baseline) is measured before solution.py is imported; a module of the
+# workspace that the host would import first (a shadow of torch or of openrebench, a sitecustomize) could
+# slow that baseline, and every later call would be flattered by the larger subtraction.
+SHADOWS = {
+    "torch/__init__.py": "import time\ntime.sleep(0.3)\nraise ImportError('the shadow ran')\n",
+    "openrebench/__init__.py": "raise ImportError('the shadow ran')\n",
+    "sitecustomize.py": "raise SystemExit('the shadow ran')\n",
+    "usercustomize.py": "raise SystemExit('the shadow ran')\n",
+    "runpy.py": "raise SystemExit('the shadow ran')\n",
+}
+
+
+@pytest.mark.attack(env="optimize_kernel", cls="code-before-measurement")
+@pytest.mark.parametrize("shadow", sorted(SHADOWS))
+def test_no_module_of_the_workspace_runs_before_the_baseline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shadow: str) -> None:
+    """A module in the workspace shadows one the solution host imports at start, to slow the baseline."""
+    solution = tmp_path / "solution"
+    (solution / shadow).parent.mkdir(parents=True, exist_ok=True)
+    (solution / shadow).write_text(SHADOWS[shadow])
+    result = kernel_score(monkeypatch, tmp_path, HONEST_KERNEL)
+    assert result.raw is not None, result.message  # the host never imported the shadow
+    assert "shadow" not in result.message

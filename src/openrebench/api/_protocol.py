@@ -104,13 +104,29 @@ def read_message(fd: int, deadline: float | None = None) -> dict[str, Any]:
     return message
 
 
+HOST_PATH_ENV = "OPENREBENCH_HOST_PATH"
+# How a solution host starts: isolated (`python -I`: no working directory, user site or PYTHON* variable
+# on the import path, so no file of the submission's can stand in for a module the host imports before it
+# is told to import the solution), then the scorer's own import path (plug-ins included), then the module.
+_BOOT = ("import os, runpy, sys; sys.path[:0] = [p for p in os.environ.pop('" + HOST_PATH_ENV +
+         "').split(os.pathsep) if p]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def host_path(solution: Path) -> list[str]:
+    """The import path a solution host gets: the scorer's (itself started with -P), without the solution's
+    folder or the working directory."""
+    banned = {"", ".", str(solution), os.path.realpath(solution)}
+    return [p for p in sys.path if p not in banned and os.path.realpath(p or ".") != os.path.realpath(solution)]
+
+
 class SolutionProcess:
     """A child process running an environment's solution host module on a solution snapshot.
 
-    The host module is run as `python -m MODULE SOLUTION_DIR READ_FD WRITE_FD`, with the solution
-    directory as its working directory and its stdout/stderr captured to a private file whose tail
-    is quoted in error messages (so agents see their own tracebacks). `pass_fds` are inherited too
-    (e.g. shared memory the scorer owns).
+    The host module runs as `python -I -c BOOT MODULE SOLUTION_DIR READ_FD WRITE_FD`: isolated from the
+    submission (nothing of its folder is importable until the host imports the solution by path, when the
+    scorer says so; see `_BOOT`), with the solution directory as its working directory and its
+    stdout/stderr captured to a private file whose tail is quoted in error messages (so agents see their
+    own tracebacks). `pass_fds` are inherited too (e.g. shared memory the scorer owns).
     """
 
     def __init__(self, module: str, solution: Path, env: dict[str, str] | None = None,
@@ -120,14 +136,16 @@ class SolutionProcess:
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         self._read_fd, self._write_fd = parent_read, parent_write
-        child_env = {**os.environ, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+        child_env = {**os.environ, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1",
+                     HOST_PATH_ENV: os.pathsep.join(host_path(solution))}
         child_env.pop(SOLUTION_UID_ENV, None)
         # In the scoring sandbox the scorer is root (to read protected data); the solution's code must
         # not be: it runs as the scoring's own uid, without capabilities.
         prefix = solution_prefix()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", module, str(solution), str(child_read), str(child_write)],
+                [*prefix, sys.executable, "-I", "-B", "-c", _BOOT, module, str(solution), str(child_read),
+                 str(child_write)],
                 cwd=solution, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_read, child_write, *pass_fds), env=child_env, start_new_session=True,
             )
