@@ -3,10 +3,12 @@
 Each case is scored `--repeats` times (sandboxed wherever bubblewrap starts), interleaved: the start,
 the reference, and attacks on the CUDA protocol (the reference with torch.cuda.synchronize patched
 away; the same on a side stream, so that the host's completion event covers none of the work; a
-solution returning its input). Prints per case the median score, the median of the scorer's raw
-windows and of the subtracted overhead, and the wall time per scoring; writes everything as JSON.
+solution returning its input). Prints per case the median time per call, the median window and the
+wall time per scoring; then, from the start's and the reference's scorings, the calibration record
+they make (`--record`: written there) and the reference's spread in normalised score, the precision
+target (5% of its normalised value); writes everything as JSON.
 
-    python benchmarks/optimize_kernel_gpu_checks.py --repeats 6 \
+    python benchmarks/optimize_kernel_gpu_checks.py --repeats 6 --record calibration.json \
         --out benchmarks/results/optimize_kernel_full_h200_checks.json
 """
 
@@ -48,6 +50,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--record", type=Path, help="write the calibration record the start's and the "
+                                                    "reference's scorings make here")
     args = parser.parse_args()
     env = get_environment("optimize_kernel")
     root = env.root
@@ -82,11 +86,37 @@ def main() -> None:
         fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
         print(f"{name:<55}{s['valid']:>3}/{len(rs):<2}{fmt(s['median_ms']):>9}{fmt(s['window_ms']):>9}"
               f"{fmt(s['overhead_ms']):>10}{s['wall_s']:>8.1f}")
+    precision = _precision(env, rows, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "repeats": args.repeats,
                                     "hardware": detect_hardware().model_dump(), "summary": summary,
-                                    "scorings": rows}, indent=2) + "\n")
+                                    "precision": precision, "scorings": rows}, indent=2) + "\n")
     print(f"results: {args.out}")
+
+
+def _precision(env: object, rows: dict[str, list[dict[str, object]]], args: argparse.Namespace) -> dict:
+    """The record the start's and reference's scorings make, and the reference's normalised spread."""
+    from openrebench.runs._calibration import calibrate
+
+    raws = {which: [float(r["raw"]) for r in rows[which] if r["raw"] is not None]  # type: ignore[arg-type]
+            for which in ("start", "reference")}
+    queues = {which: iter(rows[which]) for which in raws}
+
+    def score_once(which: str) -> tuple[float | None, str]:
+        r = next(queues[which])
+        return r["raw"], str(r["message"])  # type: ignore[return-value]
+
+    record = calibrate(env, "full", args.repeats, score_once=score_once,  # type: ignore[arg-type]
+                       command=" ".join(["python", *sys.argv]))
+    if args.record is not None:
+        args.record.write_text(record.model_dump_json(indent=2) + "\n")
+    start, ref = record.start.median, record.reference.median
+    normalised = [(start - r) / (start - ref) for r in raws["reference"]]
+    spread = {"normalised": normalised, "sd": statistics.pstdev(normalised),
+              "range": max(normalised) - min(normalised), "target_sd": 0.05}
+    print(f"record: start {start:.4f} (ln ms), reference {ref:.4f}; the reference normalises to "
+          f"{min(normalised):.3f}-{max(normalised):.3f} (SD {spread['sd']:.4f}; target at most 0.05)")
+    return {"record": record.model_dump(mode="json"), "reference_spread": spread}
 
 
 if __name__ == "__main__":

@@ -318,10 +318,11 @@ BURNERS_OUTSIDE_THE_SESSION = EXPECTED + textwrap.dedent("""
 
 @pytest.mark.attack(env=ENV, cls="yardstick slowed")
 def test_cpu_burners_slow_the_yardstick_between_calls(tmp_path: Path, monkeypatch) -> None:
-    """Daemons outside the pause burn every CPU, to slow the yardstick measured between calls.
+    """Daemons that left the host's session burn every CPU, to slow the yardstick measured between calls.
 
-    A slower yardstick would make the solution's time count for less; the burners left the host's
-    session, so without a PID namespace the scorer cannot pause them."""
+    A slower yardstick would make the solution's time count for less. The burners are still in the
+    solution's cgroup, whatever session they make: frozen with it between calls, killed before the last
+    block, so the yardstick counts at most what it measured with nothing of the solution's running."""
     try:
         result = kernel_score(monkeypatch, tmp_path, BURNERS_OUTSIDE_THE_SESSION)
     finally:
@@ -331,13 +332,10 @@ def test_cpu_burners_slow_the_yardstick_between_calls(tmp_path: Path, monkeypatc
                 os.kill(int(pid), signal.SIGKILL)
     assert result.raw is not None, result.message
     y = result.details["yardstick"]
-    before, between = statistics.median(y["before_ms"]), statistics.median(y["between_ms"])
-    # Scored here, without a PID namespace, the burners escape the pause: the attack is real...
-    # (By how much depends on the machine's scheduler: from 1.2x on a 2-core CI runner to several times.)
-    assert between > 1.05 * before, f"the burners did not slow the yardstick ({between:.1f}, {before:.1f} ms)"
-    # ...and gains nothing: the time counts against at most the block measured before the import.
-    assert not y["after_trusted"] and y["ms"] <= before, f"attack works: yardstick {y['ms']:.1f} ms"
-    assert result.raw >= math.log(result.details["median_ms"] * y["ms_at_calibration"] / before) - 1e-9
+    before, after = statistics.median(y["before_ms"]), statistics.median(y["after_ms"])
+    bound = max(before, after)  # both measured with no process of the solution's running
+    assert y["after_trusted"] and y["ms"] <= bound, f"attack works: yardstick {y['ms']:.1f} ms"
+    assert result.raw >= math.log(result.details["median_ms"] * y["ms_at_calibration"] / bound) - 1e-9
 
 
 # Class 1: nothing of the submission runs before or during a measurement it is compared with. The

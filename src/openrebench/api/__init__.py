@@ -27,18 +27,21 @@ from ._files import Placement, RunFiles, file_contents
 from ._guard import TamperGuard
 from ._progress import StageUpdate, progress_display, reporting, show_progress, stage
 from ._protocol import (
+    RUN_CGROUP_ENV,
     SOLUTION_UID_ENV,
     SOLUTION_USER,
     HostChannel,
     SolutionError,
     SolutionProcess,
     become_solution,
+    solution_cgroup,
     solution_prefix,
     solution_uid,
 )
 
 __all__ = [
     "LOCAL_MODEL",
+    "RUN_CGROUP_ENV",
     "SOLUTION_UID_ENV",
     "SOLUTION_USER",
     "Direction",
@@ -66,6 +69,7 @@ __all__ = [
     "progress_display",
     "reporting",
     "show_progress",
+    "solution_cgroup",
     "solution_prefix",
     "solution_uid",
     "stage",

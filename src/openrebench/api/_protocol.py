@@ -31,6 +31,24 @@ the solution's code must run as (never used before or after, by no other trust d
 SOLUTION_USER = "solution"  # its name in the scoring sandbox's passwd
 
 
+RUN_CGROUP_ENV = "OPENREBENCH_RUN_CGROUP"
+"""Set by the harness in the scoring sandbox: the directories (one per cgroup hierarchy, ':'-separated)
+of a cgroup made for this scoring's solution processes, which the scorer may fill, freeze and kill."""
+
+
+def solution_cgroup() -> Any:
+    """The cgroup for the solution's processes in this scoring (an `isolation.Cgroup`): the one the
+    harness made and bound into the scoring sandbox, else one made here (a root scorer outside a
+    sandbox), else None. Nothing a solution does can take its processes out of it; freezing it is the
+    one way scorers pause a solution."""
+    from openrebench.isolation import Cgroup
+
+    given = [Path(p) for p in os.environ.get(RUN_CGROUP_ENV, "").split(":") if p]
+    if given and (group := Cgroup.attach(given)) is not None:
+        return group
+    return Cgroup.create("solution", memory_bytes=None, max_pids=None)
+
+
 def solution_uid() -> int | None:
     """The uid the solution's code must run as in this scoring, or None where the scorer and the solution
     share one identity (an unsandboxed scoring, a harness that is not root). Scorers take the identity
@@ -116,7 +134,8 @@ def host_path(solution: Path) -> list[str]:
     """The import path a solution host gets: the scorer's (itself started with -P), without the solution's
     folder or the working directory."""
     banned = {"", ".", str(solution), os.path.realpath(solution)}
-    return [p for p in sys.path if p not in banned and os.path.realpath(p or ".") != os.path.realpath(solution)]
+    mine = os.path.realpath(solution)
+    return [p for p in sys.path if p not in banned and os.path.realpath(p or ".") != mine]
 
 
 class SolutionProcess:
@@ -126,11 +145,13 @@ class SolutionProcess:
     submission (nothing of its folder is importable until the host imports the solution by path, when the
     scorer says so; see `_BOOT`), with the solution directory as its working directory and its
     stdout/stderr captured to a private file whose tail is quoted in error messages (so agents see their
-    own tracebacks). `pass_fds` are inherited too (e.g. shared memory the scorer owns).
+    own tracebacks). `pass_fds` are inherited too (e.g. shared memory the scorer owns). With `cgroup`
+    (see `solution_cgroup`), the host is in it before any code of its own runs: a gate waits until the
+    scorer has moved it there.
     """
 
     def __init__(self, module: str, solution: Path, env: dict[str, str] | None = None,
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 pass_fds: tuple[int, ...] = (), cgroup: Any = None) -> None:
         self._logdir = Path(tempfile.mkdtemp(prefix="openrebench-host-"))
         self.log_path = self._logdir / "output.log"
         parent_read, child_write = os.pipe()
@@ -142,15 +163,28 @@ class SolutionProcess:
         # In the scoring sandbox the scorer is root (to read protected data); the solution's code must
         # not be: it runs as the scoring's own uid, without capabilities.
         prefix = solution_prefix()
+        gate = ["/bin/sh", "-c", 'read -r _ && exec "$@" </dev/null', "openrebench-gate"] if cgroup else []
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-I", "-B", "-c", _BOOT, module, str(solution), str(child_read),
-                 str(child_write)],
-                cwd=solution, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(child_read, child_write, *pass_fds), env=child_env, start_new_session=True,
+                [*gate, *prefix, sys.executable, "-I", "-B", "-c", _BOOT, module, str(solution),
+                 str(child_read), str(child_write)],
+                cwd=solution, stdin=subprocess.PIPE if cgroup else subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(child_read, child_write, *pass_fds), env=child_env,
+                start_new_session=True,
             )
         os.close(child_read)
         os.close(child_write)
+        self.cgroup = cgroup
+        if cgroup is not None:
+            assert self.proc.stdin is not None
+            try:
+                cgroup.add(self.proc.pid)
+            except OSError as e:
+                self.proc.kill()
+                self.proc.wait()
+                raise SolutionError(f"the solution process could not be placed in its cgroup ({e})") from None
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
 
     def output_tail(self, lines: int = 15, chars: int = 2000) -> str:
         try:
@@ -202,6 +236,8 @@ class SolutionProcess:
         for fd in (self._read_fd, self._write_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self.cgroup is not None:
+            self.cgroup.kill_all()  # frozen or not, everything the host started ends (kills land once thawed)
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

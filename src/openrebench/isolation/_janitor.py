@@ -24,11 +24,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_janitor: tuple[int, subprocess.Popen[bytes]] | None = None  # (our pid, the janitor) for fork safety
+_janitor: tuple[int, int, Any] | None = None  # (our pid, the janitor's pid, our end of its pipe)
 
 
 def _send(line: str) -> None:
@@ -38,19 +39,41 @@ def _send(line: str) -> None:
         logger.warning("janitor: path too long to track: %s", line[:200])
         return
     with _lock:
-        if _janitor is None or _janitor[0] != os.getpid() or _janitor[1].poll() is not None:
-            proc = subprocess.Popen([sys.executable, "-m", "openrebench.isolation._janitor"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ,
-                                         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-            _janitor = (os.getpid(), proc)
-        stdin = _janitor[1].stdin
-        assert stdin is not None
+        if _janitor is None or _janitor[0] != os.getpid() or not _alive(_janitor[1]):
+            _janitor = (os.getpid(), *_start())
         try:
-            stdin.write(data)
-            stdin.flush()
+            _janitor[2].write(data)
+            _janitor[2].flush()
         except OSError:
             logger.warning("janitor: gone; %s will not be cleaned if the harness dies", line)
+
+
+def _start() -> tuple[int, Any]:
+    """Start the janitor detached: through a shell that backgrounds it and exits, so that it is no child
+    of the harness (a scorer's process-tree accounting, run in the harness's process by tests, would
+    count it as left running) and, in a session of its own, out of reach of the terminal's Ctrl-C."""
+    read, write = os.pipe()
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", f'"$0" -m openrebench.isolation._janitor <&{read} >/dev/null 2>&1 & echo $!',
+         sys.executable],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, pass_fds=(read,), start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    out, _ = shell.communicate()
+    os.close(read)
+    return int(out.strip()), os.fdopen(write, "wb")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie (not reaped by us: it is not our child) is gone
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
 
 
 def track(kind: str, path: Path | str) -> None:
@@ -65,7 +88,7 @@ def untrack(kind: str, path: Path | str) -> None:
 
 def janitor_pid() -> int | None:
     """The janitor's pid, where this process has started one (tests kill the harness and watch it)."""
-    return _janitor[1].pid if _janitor is not None and _janitor[0] == os.getpid() else None
+    return _janitor[1] if _janitor is not None and _janitor[0] == os.getpid() else None
 
 
 def _clean(cgroups: list[str], dirs: list[str], timeout_s: float = 30.0) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import psutil
 
-from openrebench.api import SOLUTION_UID_ENV, SOLUTION_USER, Environment, ScoreResult
+from openrebench.api import RUN_CGROUP_ENV, SOLUTION_UID_ENV, SOLUTION_USER, Environment, ScoreResult
 from openrebench.base import OpenRebenchError
 from openrebench.isolation import _janitor
 from openrebench.isolation._bwrap import (
@@ -251,8 +251,6 @@ class ScoringAccessFn(Protocol):
     def __call__(self, run: Run, sandboxed: bool, /, *,
                  build: bool = False) -> AbstractContextManager[ScoringAccess | None]: ...
 
-
-RUN_CGROUP_ENV = "OPENREBENCH_RUN_CGROUP"
 
 
 def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], cgroup: Cgroup | None,

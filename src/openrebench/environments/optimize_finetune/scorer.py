@@ -37,9 +37,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from openrebench.api import ScoreResult, TierSpec, solution_prefix, solution_uid
+from openrebench.api import RUN_CGROUP_ENV, ScoreResult, TierSpec, solution_prefix, solution_uid
 from openrebench.isolation import Cgroup
-from openrebench.runs._scoring import RUN_CGROUP_ENV
 
 from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
 from .env import CONFIG, DATA, OUTPUT_DIR, Setup

@@ -142,7 +142,7 @@ class CudaResults:
     """Scorer side: the host's results viewed in place. Each allocation the host lends is mapped once
     and kept (the host's caching allocator hands the same memory back call after call)."""
 
-    MAX_MAPPINGS = 16
+    MAX_MAPPINGS = 128  # windows of many calls lend one allocation per result
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

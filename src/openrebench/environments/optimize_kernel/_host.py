@@ -66,46 +66,54 @@ def _import_solution(solution_dir: Path) -> tuple[Callable[[torch.Tensor], objec
 
 
 def _serve(channel: HostChannel, fn: Callable[[torch.Tensor], object], x_buf: torch.Tensor,
-           solution_dir: Path, done: torch.cuda.Event | None = None) -> str | None:
-    """Answer calls until another op arrives; returns that op (None after an error was sent). On CUDA
-    the reply goes out without waiting for the device: `done`, an event shared with the scorer, is
-    recorded after the call's work on the current stream, and the scorer's comparison waits for it."""
+           solution_dir: Path, done: torch.cuda.Event | None = None, slot: int = 0) -> str | None:
+    """Answer calls until another op arrives; returns that op (None after an error was sent). A "calls"
+    request (CUDA) runs k calls, on the k inputs the scorer placed `slot` elements apart, back to back.
+    On CUDA the reply goes out without waiting for the device: `done`, an event shared with the scorer,
+    is recorded after the last call's work on the current stream, and the scorer's comparison waits
+    for it."""
     cuda = x_buf.device.type == "cuda"
-    held: list[torch.Tensor] = []  # the last result, alive until the scorer has read it
+    held: list[torch.Tensor] = []  # the results, alive until the scorer has read them
     while True:
         request = channel.receive()
         if request.get("op") == "release":  # freeing the result costs nothing inside a timed window
             held.clear()
             channel.send({"released": True})
             continue
-        if request.get("op") != "call":
+        if request.get("op") not in ("call", "calls"):
             return str(request.get("op"))
-        held.clear()  # on CUDA the scorer compared the last result inside its window
-        x = x_buf[: int(request["n"])]
+        held.clear()  # on CUDA the scorer compared the last results inside its window
+        m, k = int(request["n"]), int(request.get("k", 1))
         t0 = time.perf_counter()
-        try:
-            y = fn(x)
-        except BaseException as e:
-            channel.send({"error": f"prefix_sum raised {_solution_traceback(e, solution_dir)}"})
-            return None
-        if problem := _check_output(y, x):
-            channel.send({"error": problem})
-            return None
-        assert isinstance(y, torch.Tensor)
-        y = y.contiguous()
+        results = []
+        for i in range(k):
+            x = x_buf[i * slot: i * slot + m]
+            try:
+                y = fn(x)
+            except BaseException as e:
+                channel.send({"error": f"prefix_sum raised {_solution_traceback(e, solution_dir)}"})
+                return None
+            if problem := _check_output(y, x):
+                channel.send({"error": problem})
+                return None
+            assert isinstance(y, torch.Tensor)
+            results.append(y.contiguous())
         if not cuda:
-            held.append(y)
-            channel.send({"addr": y.data_ptr(), "host_ms": (time.perf_counter() - t0) * 1e3})
+            held.extend(results)
+            channel.send({"addr": results[0].data_ptr(), "host_ms": (time.perf_counter() - t0) * 1e3})
             continue
-        try:
-            where = export_result(y)
-        except CudaIpcError:  # memory this process cannot lend (e.g. the input itself): a copy it owns
-            y = y.clone()
-            where = export_result(y)
+        wheres = []
+        for i, y in enumerate(results):
+            try:
+                wheres.append(export_result(y))
+            except CudaIpcError:  # memory this process cannot lend (e.g. the input itself): a copy it owns
+                results[i] = y.clone()
+                wheres.append(export_result(results[i]))
         assert done is not None
         done.record()
-        held.append(y)
-        channel.send({"cuda": where, "host_ms": (time.perf_counter() - t0) * 1e3})
+        held.extend(results)
+        channel.send({"cuda": wheres[0] if request.get("op") == "call" else wheres,
+                      "host_ms": (time.perf_counter() - t0) * 1e3})
 
 
 def _baseline(device: torch.device, n: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -135,15 +143,17 @@ def main() -> None:
     n = int(setup["n"])
     device = torch.device(setup["device"])
     done = None
+    slot = n
     if device.type == "cuda":
         x_buf = CudaInput.open(setup["cuda"], device)
+        slot = int(setup.get("slot", n))
         done = torch.cuda.Event(interprocess=True)
     else:
         x_buf = CpuInput.open(int(setup["fd"]), n)
         # Start torch's worker threads now, so the baseline pauses as many threads as a solution has.
         torch.ones(1 << 20, dtype=torch.int64).sum()
     channel.send({"hello": True, **({"event": base64.b64encode(done.ipc_handle()).decode()} if done else {})})
-    if _serve(channel, _baseline(device, n), x_buf, solution_dir, done) != "import":
+    if _serve(channel, _baseline(device, n), x_buf, solution_dir, done, slot) != "import":
         return
     start = time.perf_counter()
     fn, problem = _import_solution(solution_dir)
@@ -151,7 +161,7 @@ def main() -> None:
         channel.send({"error": problem})
         return
     channel.send({"ready": True, "import_s": time.perf_counter() - start})
-    _serve(channel, fn, x_buf, solution_dir, done)
+    _serve(channel, fn, x_buf, solution_dir, done, slot)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec, become_solution
+from openrebench.api import (
+    ScoreResult,
+    SolutionError,
+    SolutionProcess,
+    TierSpec,
+    become_solution,
+    solution_cgroup,
+)
 
 from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
@@ -40,6 +47,7 @@ from .params import KernelParams
 
 HOST_MODULE = "openrebench.environments.optimize_kernel._host"
 MIN_MS = 1e-3  # a solution's time per call is never taken below one microsecond
+SAMPLE = 1 << 16  # positions of each GPU result checked inside its window (all are checked after it)
 
 
 def _checks(n: int) -> list[tuple[str, int, int, int]]:
@@ -65,16 +73,17 @@ class _Session:
     """One scoring's host, buffers and clock; `call` runs one window and returns its milliseconds."""
 
     def __init__(self, host: SolutionProcess, buffers: CpuInput | CudaInput, device: torch.device,
-                 n: int, timeout: float, setup_timeout: float) -> None:
+                 n: int, timeout: float, setup_timeout: float, group: Any | None) -> None:
         self.host, self.device, self.timeout = host, device, timeout
         self.cuda = device.type == "cuda"
-        self.freezer = Freezer(host.proc.pid)
+        self.freezer = Freezer(group)
         self.mem_fd: int | None = None
         self.cpu = buffers if isinstance(buffers, CpuInput) else None
         self.gpu = buffers if isinstance(buffers, CudaInput) else None
         self.results = CudaResults(device) if self.gpu is not None else None
+        self.n = n
         if self.gpu is not None:
-            setup: dict[str, Any] = {"device": "cuda", "n": n, "cuda": self.gpu.wire}
+            setup: dict[str, Any] = {"device": "cuda", "n": n, "slot": n, "cuda": self.gpu.wire}
         else:
             assert self.cpu is not None
             setup = {"device": "cpu", "n": n, "fd": self.cpu.fd}
@@ -163,6 +172,47 @@ class _Session:
         self.request({"op": "release"}, self.timeout, "releasing the result")
         return ms, reply
 
+    def window(self, xs: list[torch.Tensor], wants: list[torch.Tensor],
+               label: str) -> tuple[float, dict[str, Any]]:
+        """Time k calls together on the GPU, each on its own fresh input (`xs`, prepared privately), and
+        return the window's milliseconds per call. Inside the window: the inputs are copied in, the host
+        runs the k calls back to back, and once its event has passed every result is checked at a fresh
+        random sample of positions, so that work left running on another stream is caught unfinished
+        (or was finished inside the window). Every result is then checked whole, outside the window."""
+        assert self.gpu is not None and self.results is not None and self.done is not None
+        k, m = len(xs), xs[0].numel()
+        slots = [self.gpu.tensor[i * self.n: i * self.n + m] for i in range(k)]
+        sample = torch.randint(0, m, (min(m, SAMPLE),), device=self.device)
+        expected = [w[sample] for w in wants]
+        what = f"prefix_sum on the {label} inputs"
+        torch.cuda.synchronize(self.device)  # the inputs and answers are made: none of it is timed
+        t0 = time.perf_counter()
+        for slot, x in zip(slots, xs, strict=True):
+            slot.copy_(x)
+        torch.cuda.synchronize(self.device)
+        reply = self.host.request({"op": "calls", "k": k, "n": m}, self.timeout * k, what)
+        wheres = reply.get("cuda")
+        if not isinstance(wheres, list) or len(wheres) != k:
+            raise SolutionError("the solution host did not say where each result is")
+        try:
+            gots = [self.results.view({"cuda": w}, m) for w in wheres]
+        except (CudaIpcError, ValueError) as e:
+            raise SolutionError(f"the result of prefix_sum could not be read ({e})") from None
+        self.done.wait()
+        sampled = all(_same(g[sample], e) for g, e in zip(gots, expected, strict=True))
+        ms = (time.perf_counter() - t0) * 1e3
+        for i, (slot, x, got, want) in enumerate(zip(slots, xs, gots, wants, strict=True)):
+            if not _same(slot, x):
+                raise SolutionError(f"prefix_sum modified its input ({label} input {i + 1}); it must not")
+            if not _same(got, want):
+                raise SolutionError(f"wrong output for the {label} input {i + 1}: "
+                                    f"{_first_mismatch(got.cpu().numpy(), want.cpu().numpy())}")
+        if not sampled:
+            raise SolutionError(f"the results of the {label} calls were not finished when the current "
+                                "stream's work was (work left on another stream must be joined to the "
+                                "current one before prefix_sum returns)")
+        return ms / k, reply
+
     def _resumed(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
         """Send a request, let the solution's processes run until the reply, pause them all again.
         The message goes first: the host finds it waiting when it wakes (one switch fewer)."""
@@ -179,8 +229,9 @@ class _Session:
         return self._resumed(message, timeout, what)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.freezer.kill_all()
+        if self.freezer.group is not None:
+            with contextlib.suppress(OSError):
+                self.freezer.kill_all()
         if self.results is not None:
             self.results.close()
         if self.mem_fd is not None:
@@ -208,7 +259,7 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
         _as_solution_uid()
     _not_dumpable()
     p = spec.params
-    n, warmup, timed = p.length, p.warmup_calls, p.timed_calls
+    n, warmup, timed, per_window = p.length, p.warmup_calls, p.timed_calls, p.calls_per_window
     if spec.device == "cuda" and not torch.cuda.is_available():
         return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is available.")
     device = torch.device(spec.device)
@@ -220,20 +271,30 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
         x = fresh_input(size, low, high, device)
         return x, expected_output(x)
 
+    # Every process of the solution lives in one cgroup: frozen outside its windows on the CPU (no pause
+    # made of signals, which a solution could undo), killed whole at the end.
+    group = solution_cgroup()
+    if device.type == "cpu" and (group is None or not group.can_freeze):
+        if group is not None:
+            group.close()
+        return ScoreResult.invalid(
+            "Invalid: infrastructure failure (this machine gives the scorer no cgroup freezer, so the "
+            "solution's processes cannot be paused between timed calls), not caused by your solution.",
+            infrastructure=True)
     # On a GPU the host starts first: it imports torch while this process initialises CUDA.
     buffers: CpuInput | CudaInput | None = CpuInput(n) if device.type == "cpu" else None
     session: _Session | None = None
     try:
-        with SolutionProcess(HOST_MODULE, solution,
+        with SolutionProcess(HOST_MODULE, solution, cgroup=group,
                              pass_fds=(buffers.fd,) if isinstance(buffers, CpuInput) else ()) as host:
             if buffers is None:
-                buffers = CudaInput(n, device)
-            session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s)
-            # The protocol's own cost, measured before the solution exists: the identity's output is
-            # its input.
+                buffers = CudaInput(n * per_window, device)
+            session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s, group)
+            # The protocol's own cost, measured before the solution exists (the identity's output is its
+            # input), where the tier subtracts it.
             x = fresh_input(n, -10, 11, device)
             baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
-            overhead = statistics.median(baseline)
+            overhead = statistics.median(baseline) if baseline else 0.0
             if yardstick is not None:
                 yard = Yardstick(yardstick.length, session.nice)
                 yard.run("before", yardstick.block)
@@ -242,6 +303,14 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
                 session.call(*prepared(size, low, high), label)
             windows, host_ms = [], []
             for k in range(warmup + timed):
+                if device.type == "cuda":
+                    xs, wants = zip(*(prepared(n, -10, 11) for _ in range(per_window)), strict=True)
+                    ms, reply = session.window(list(xs), list(wants), f"timing #{k + 1}")
+                    del xs, wants
+                    windows.append(ms)
+                    with contextlib.suppress(TypeError, ValueError):
+                        host_ms.append(float(reply.get("host_ms")) / per_window)  # type: ignore[arg-type]
+                    continue
                 x, want = prepared(n, -10, 11)
                 if yard is not None and k >= warmup:  # every process of the solution is paused here
                     yard.run("between")
@@ -256,12 +325,15 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
             session.close()
         if buffers is not None:
             buffers.close()
+        if group is not None:
+            group.close()
     speed = None
     if yard is not None and yardstick is not None and session is not None:
         # Every process of the solution is gone now; the scorer can tell only inside its PID namespace.
         yard.run("after", yardstick.block)
         speed = _speed(yard, yardstick.ms, session.freezer.namespace)
-    return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed)
+    return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed,
+                   per_window)
 
 
 def _speed(yard: Yardstick, at_calibration: float, after_trusted: bool) -> dict[str, Any]:
@@ -272,13 +344,14 @@ def _speed(yard: Yardstick, at_calibration: float, after_trusted: bool) -> dict[
 
 
 def _result(n: int, device: torch.device, timed: int, windows: list[float], baseline: list[float],
-            overhead: float, host_ms: list[float], speed: dict[str, Any] | None = None) -> ScoreResult:
+            overhead: float, host_ms: list[float], speed: dict[str, Any] | None = None,
+            per_window: int = 1) -> ScoreResult:
     ms = [max(w - overhead, MIN_MS) for w in windows]
     median_ms = statistics.median(ms)
     q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [0.0, 0.0, 0.0]
     details = {"length": n, "device": str(device), "median_ms": median_ms, "times_ms": ms,
                "windows_ms": windows, "overhead_ms": overhead, "baseline_ms": baseline,
-               "host_reported_ms": host_ms,
+               "host_reported_ms": host_ms, "calls_per_window": per_window,
                "spread_ms": {"min": min(ms), "max": max(ms), "iqr": q[2] - q[0]}}
     counted, speed_note = median_ms, ""
     if speed is not None:
@@ -288,8 +361,11 @@ def _result(n: int, device: torch.device, timed: int, windows: list[float], base
                       f"{speed['ms_at_calibration']:.2f} ms at calibration, so the time counts as "
                       f"{counted:.3f} ms")
     raw = math.log(counted)
+    how = (f"protocol overhead {overhead:.3f} ms subtracted" if baseline else
+           f"windows of {per_window} calls, each timed whole, nothing subtracted")
+    calls = f"{timed} calls" if per_window == 1 else f"{timed} windows of {per_window} calls"
     return ScoreResult(raw=raw, details=details, message=(
-        f"Valid: correct on {len(_checks(n))} inputs; median {median_ms:.3f} ms over {timed} calls at "
-        f"length {n:,} (min {min(ms):.3f}, max {max(ms):.3f}; timed by the scorer, protocol overhead "
-        f"{overhead:.3f} ms subtracted){speed_note}; score ln(ms) = {raw:.4f}"))
+        f"Valid: correct on {len(_checks(n))} inputs; median {median_ms:.3f} ms per call over {calls} at "
+        f"length {n:,} (min {min(ms):.3f}, max {max(ms):.3f}; timed by the scorer, {how})"
+        f"{speed_note}; score ln(ms) = {raw:.4f}"))
 
