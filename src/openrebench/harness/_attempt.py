@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from openrebench.isolation import process_alive
 from openrebench.runs import Run
 
 RECORD = "attempt.json"
@@ -51,13 +52,7 @@ class AttemptRecord(BaseModel):
 def _alive(pid: int, host: str) -> bool:
     if host and host != os.uname().nodename:
         return True  # another machine's: not ours to take
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_alive(pid)
 
 
 def continuable(runs_dir: Path, env_id: str, tier: str, agent: str | None,

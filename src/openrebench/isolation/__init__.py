@@ -17,6 +17,7 @@ from ._bwrap import (
 )
 from ._cgroup import Cgroup
 from ._gpus import GpuLease, visible_gpus
+from ._janitor import process_alive
 
 __all__ = [
     "SANDBOX_UID",
@@ -32,5 +33,6 @@ __all__ = [
     "forget_plugins",
     "plugin_code",
     "plugin_folders",
+    "process_alive",
     "visible_gpus",
 ]

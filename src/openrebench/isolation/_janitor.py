@@ -39,7 +39,7 @@ def _send(line: str) -> None:
         logger.warning("janitor: path too long to track: %s", line[:200])
         return
     with _lock:
-        if _janitor is None or _janitor[0] != os.getpid() or not _alive(_janitor[1]):
+        if _janitor is None or _janitor[0] != os.getpid() or not process_alive(_janitor[1]):
             _janitor = (os.getpid(), *_start())
         try:
             _janitor[2].write(data)
@@ -63,7 +63,8 @@ def _start() -> tuple[int, Any]:
     return int(out.strip()), os.fdopen(write, "wb")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` lives (a zombie does not: not being our child, we could not reap it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
