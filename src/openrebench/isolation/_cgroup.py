@@ -213,7 +213,8 @@ class Cgroup:
 
     def kill_all(self, timeout_s: float = 10.0) -> bool:
         """SIGKILL everything in the group: frozen first (nothing forks while the list is read), killed,
-        thawed (the kills land). True once the group is empty."""
+        thawed (the kills land), sub-groups frozen by someone else included (a scorer killed while its
+        solution's group was frozen). True once the group is empty."""
         for _ in range(20):
             left = self.tasks() | self.pids()
             if not left:
@@ -227,9 +228,21 @@ class Cgroup:
             if frozen:
                 with contextlib.suppress(OSError):
                     self.thaw(timeout_s=1.0)
+            self._thaw_below()
             if self.wait_empty(timeout_s / 20):
                 return True
         return not self.tasks()
+
+    def _thaw_below(self) -> None:
+        """Thaw every sub-group that froze itself (v1 keeps a child's own FROZEN state through the
+        parent's thaw; v2 children inherit, but may have frozen themselves too)."""
+        for d in self._all_dirs():
+            if d in self.dirs:
+                continue
+            for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                with contextlib.suppress(OSError):
+                    if (d / name).is_file():
+                        (d / name).write_text(value)
 
     def memory_peak_bytes(self) -> int | None:
         for d in self.dirs:
