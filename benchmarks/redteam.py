@@ -1,11 +1,17 @@
 """Run the adversarial suite (tests/redteam) and tabulate each attack: caught, ATTACK WORKS or error.
 
-    python benchmarks/redteam.py [-k EXPR]
+    python benchmarks/redteam.py [-k EXPR]             # every attack, with every defence
+    python benchmarks/redteam.py --defences-off        # each switchable defence off in turn
 
-Runs `pytest tests/redteam` in a subprocess with JUnit XML output; each test's environment and attack class
-come from its `@pytest.mark.attack(env=..., cls=...)` marker (collected with a small plugin that writes
-them to a JSON file), its name from the first line of its docstring. A failed assertion means the attack
-works; an exception elsewhere is an error. Writes benchmarks/results/redteam.json.
+Runs `pytest tests/redteam` in a subprocess with JUnit XML output; each test's environment, kind of attack
+and invariant come from its `@pytest.mark.attack(env=..., cls=..., invariant=N)` marker (collected with a
+small plugin that writes them to a JSON file), its name from the first line of its docstring. A failed
+assertion means the attack works; an exception elsewhere is an error. Prints the attacks per invariant
+(the threat model asks for at least 5 each). Writes benchmarks/results/redteam.json.
+
+`--defences-off` runs pytest once per defence of tests/redteam/defences.py with that defence switched off
+(`--defences-off NAME`), only the attacks it stops: each must then work, which shows the attack is real.
+Writes benchmarks/results/redteam_defences_off.json.
 """
 
 from __future__ import annotations
@@ -19,12 +25,19 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "benchmarks" / "results" / "redteam.json"
+RESULT_OFF = ROOT / "benchmarks" / "results" / "redteam_defences_off.json"
+sys.path.insert(0, str(ROOT / "tests" / "redteam"))
+from defences import SWITCHES  # noqa: E402
+
+from conftest import INVARIANTS  # noqa: E402
+
 PLUGIN = '''
 import json, os
 def pytest_collection_modifyitems(items):
@@ -34,6 +47,8 @@ def pytest_collection_modifyitems(items):
         doc = (getattr(item, "function", None).__doc__ or "").strip().splitlines()
         out[item.nodeid] = {"env": mark.kwargs.get("env") if mark else "?",
                             "cls": mark.kwargs.get("cls") if mark else "?",
+                            "invariant": mark.kwargs.get("invariant") if mark else None,
+                            "defence": mark.kwargs.get("defence") if mark else None,
                             "name": doc[0] if doc else item.name}
     with open(os.environ["REDTEAM_META"], "w") as f:
         json.dump(out, f)
@@ -52,17 +67,16 @@ def _outcome(case: ET.Element) -> tuple[str, str]:
     return "caught", ""
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-k", default=None, help="pytest -k expression (a subset of the attacks)")
-    args = parser.parse_args()
+def run_suite(k: str | None = None, defence: str | None = None) -> tuple[list[dict[str, Any]], float]:
+    """One pytest run of tests/redteam (with `defence` switched off, if given): a row per attack."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "redteam_meta_plugin.py").write_text(PLUGIN)
         junit, meta = Path(tmp) / "junit.xml", Path(tmp) / "meta.json"
         env = {**os.environ, "REDTEAM_META": str(meta),
                "PYTHONPATH": os.pathsep.join([tmp, os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, "-m", "pytest", "tests/redteam", "-q", "-p", "redteam_meta_plugin",
-               f"--junitxml={junit}", "-o", "junit_family=xunit2", *(["-k", args.k] if args.k else [])]
+               f"--junitxml={junit}", "-o", "junit_family=xunit2", *(["-k", k] if k else []),
+               *(["--defences-off", defence] if defence else [])]
         started = time.monotonic()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.monotonic() - started
@@ -70,30 +84,73 @@ def main() -> None:
             tail = (proc.stdout + proc.stderr)[-3000:]
             sys.exit(f"pytest wrote no report (exit {proc.returncode}):\n{tail}")
         info = json.loads(meta.read_text()) if meta.exists() else {}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for case in ET.parse(junit).getroot().iter("testcase"):
             path = case.get("classname", "").replace(".", "/")
             nodeid = f"{path}.py::{case.get('name')}"
             m = info.get(nodeid, {"env": "?", "cls": "?", "name": case.get("name")})
             outcome, detail = _outcome(case)
-            seconds = round(float(case.get("time", 0)), 2)
             rows.append({"test": nodeid, "attack": m["name"], "environment": m["env"], "class": m["cls"],
-                         "outcome": outcome, "seconds": seconds, "detail": detail})
-    rows.sort(key=lambda r: (r["environment"], r["class"], r["attack"]))
-    table = Table(title=f"Adversarial suite: {len(rows)} attacks in {wall:.0f} s")
-    for col in ("attack", "environment", "class", "outcome", "seconds"):
-        table.add_column(col, justify="right" if col == "seconds" else "left")
-    styles = {"caught": "green", "ATTACK WORKS": "bold red", "error": "yellow", "skipped": "dim"}
+                         "invariant": m.get("invariant"), "defence": m.get("defence"), "outcome": outcome,
+                         "seconds": round(float(case.get("time", 0)), 2), "detail": detail})
+    rows.sort(key=lambda r: (str(r["invariant"]), str(r["environment"]), str(r["class"]), str(r["attack"])))
+    return rows, wall
+
+
+STYLES = {"caught": "green", "ATTACK WORKS": "bold red", "error": "yellow", "skipped": "dim"}
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=title)
+    for col in ("invariant", "attack", "environment", "class", "outcome", "seconds"):
+        table.add_column(col, justify="right" if col in ("seconds", "invariant") else "left")
     for r in rows:
-        table.add_row(r["attack"], r["environment"], r["class"],
-                      f"[{styles[r['outcome']]}]{r['outcome']}[/]", f"{r['seconds']:.1f}")
-    Console().print(table)
-    counts = {k: sum(r["outcome"] == k for r in rows) for k in styles}
-    Console().print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+        table.add_row(str(r["invariant"]), str(r["attack"]), str(r["environment"]), str(r["class"]),
+                      f"[{STYLES[r['outcome']]}]{r['outcome']}[/]", f"{r['seconds']:.1f}")
+    return table
+
+
+def _per_invariant(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for n, what in INVARIANTS.items():
+        mine = [r for r in rows if r["invariant"] == n]
+        tally = {k: sum(r["outcome"] == k for r in mine) for k in STYLES}
+        out[f"{n}: {what}"] = {"attacks": len(mine), **tally}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default=None, help="pytest -k expression (a subset of the attacks)")
+    parser.add_argument("--defences-off", action="store_true",
+                        help="switch each defence off in turn and run its attacks (they must work)")
+    args = parser.parse_args()
+    console = Console()
+    command = " ".join(["python", "benchmarks/redteam.py", *sys.argv[1:]])
+    if args.defences_off:
+        record: dict[str, Any] = {"command": command, "defences": {}}
+        for name, switch in SWITCHES.items():
+            rows, wall = run_suite(args.k, name)
+            console.print(_table(f"Defence off: {name} ({switch.what}): {len(rows)} attacks in {wall:.0f} s",
+                                 rows))
+            works = sum(r["outcome"] == "ATTACK WORKS" for r in rows)
+            console.print(f"{works} of {len(rows)} attacks work with it off")
+            record["defences"][name] = {"what": switch.what, "wall_s": round(wall, 1), "attacks": len(rows),
+                                        "work": works, "rows": rows}
+        RESULT_OFF.parent.mkdir(parents=True, exist_ok=True)
+        RESULT_OFF.write_text(json.dumps(record, indent=2) + "\n")
+        return
+    rows, wall = run_suite(args.k)
+    console.print(_table(f"Adversarial suite: {len(rows)} attacks in {wall:.0f} s", rows))
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in STYLES}
+    console.print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+    per = _per_invariant(rows)
+    for what, c in per.items():
+        console.print(f"invariant {what}: {c['attacks']} attacks, {c['caught']} caught"
+                      + (f", [bold red]{c['ATTACK WORKS']} work[/]" if c["ATTACK WORKS"] else ""))
     RESULT.parent.mkdir(parents=True, exist_ok=True)
-    record = {"command": " ".join(["python", "benchmarks/redteam.py", *sys.argv[1:]]),
-              "wall_s": round(wall, 1), "counts": counts, "attacks": rows}
-    RESULT.write_text(json.dumps(record, indent=2) + "\n")
+    RESULT.write_text(json.dumps({"command": command, "wall_s": round(wall, 1), "counts": counts,
+                                  "per_invariant": per, "attacks": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from openrebench.gateway import (
     UsageLog,
     install_forwarder,
 )
+from openrebench.gateway._server import prompt_bound
 
 PRICE = {"input": 1000.0, "output": 2000.0}  # US$ per 1M tokens: 10 in + 5 out = $0.02 a request
 
@@ -112,6 +113,11 @@ def _ask(client: openai.OpenAI, model: str = "task_model", text: str = "hi") -> 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _bound(text: str = "hi") -> int:
+    """What the gateway reserves for the prompt of `_ask(client, text=text)`."""
+    return prompt_bound("chat", {"messages": [{"role": "user", "content": text}], "model": "task_model"})
 
 
 # -- clients ---------------------------------------------------------------------------------------------
@@ -267,24 +273,34 @@ def test_curl_through_the_unix_socket_and_the_forwarder(gw: Gateway, tmp_path: P
 
 def test_a_spent_dollar_budget_is_429_naming_it_and_the_client_does_not_retry(
         gw: Gateway, tmp_path: Path, backend: FakeBackend) -> None:
+    # Each request holds its prompt's bound ($0.001 a token) and a completion token ($0.002) at least.
+    usd = _bound() * 0.001 + 0.002 + 0.04 - 0.0005
     client = openai.OpenAI(base_url="http://gateway/v1", api_key=_grant(gw, tmp_path, backend,
-                                                                         budget=Budget(usd=0.03)),
+                                                                         budget=Budget(usd=usd)),
                            http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(gw.socket_path))))
     _ask(client)
-    _ask(client)  # $0.02 spent, under $0.03: admitted, and it overshoots to $0.04
-    with pytest.raises(openai.RateLimitError) as e:
+    _ask(client)  # $0.02 spent: the worst case still fits
+    with pytest.raises(openai.RateLimitError) as e:  # $0.04 spent: it does not
         _ask(client)
-    assert "dollar budget" in e.value.message and "$0.0400 of its $0.0300" in e.value.message
+    assert "dollar budget" in e.value.message and f"{_bound()} prompt tokens" in e.value.message
     assert e.value.code == "budget_exceeded" and e.value.type == "budget_exceeded"
     assert [r["status"] for r in _rows(tmp_path / "run" / "usage.jsonl")] == [200, 200, 429]  # no retries
+    client.close()
+    spent = gw._grants[next(iter(gw._grants))]
+    spent.usage.record(grant=spent.run_id, role="task_model", model="fake/model", endpoint="chat", status=200,
+                       prompt_tokens=_bound() + 10, price=PRICE)  # spent past it (as by an older gateway)
+    with pytest.raises(openai.RateLimitError) as e:
+        _ask(_client(gw, spent.token))
+    assert f"${spent.totals().cost_usd:.4f} of its ${usd:.4f} dollar budget" in e.value.message
 
 
 def test_a_spent_token_budget_is_429_naming_it(gw: Gateway, tmp_path: Path, backend: FakeBackend) -> None:
-    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(usd=100.0, tokens=15)))
-    _ask(client)
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(usd=100.0, tokens=_bound() + 15)))
+    _ask(client)  # the prompt's bound and 15 completion tokens held; 15 tokens spent
+    assert backend.bodies[0]["max_tokens"] == 15
     with pytest.raises(openai.RateLimitError) as e:
         _ask(client)
-    assert "15 of its 15 token budget" in e.value.message
+    assert "token budget" in e.value.message and "budget exceeded" in e.value.message
     assert backend.bodies and len(backend.bodies) == 1  # the refused call never reached the backend
 
 
@@ -317,7 +333,7 @@ def test_a_dollar_budget_needs_prices(gw: Gateway, tmp_path: Path, backend: Fake
     roles = {"task_model": RoleModel(backend, "local/unknown-model")}
     with pytest.raises(OpenRebenchError, match="needs a price for local/unknown-model"):
         gw.grant(roles=roles, usage_path=tmp_path / "usage.jsonl", budget=Budget(usd=1.0))
-    token = gw.grant(roles=roles, usage_path=tmp_path / "usage.jsonl", budget=Budget(tokens=100)).token
+    token = gw.grant(roles=roles, usage_path=tmp_path / "usage.jsonl", budget=Budget(tokens=1000)).token
     _ask(_client(gw, token))
     totals = UsageLog(tmp_path / "usage.jsonl").totals()
     assert (totals.cost_usd, totals.priced, totals.tokens) == (0.0, False, 15)
@@ -335,7 +351,7 @@ class OneChoiceUsage(FakeBackend):
 
 
 def test_choices_a_backend_leaves_out_of_its_usage_are_charged(gw: Gateway, tmp_path: Path) -> None:
-    token = _grant(gw, tmp_path, OneChoiceUsage(), budget=Budget(tokens=60))
+    token = _grant(gw, tmp_path, OneChoiceUsage(), budget=Budget(tokens=64 + _bound("w")))
     client = _client(gw, token)
     out = client.chat.completions.create(model="task_model", n=3, messages=[{"role": "user", "content": "x"}])
     assert len(out.choices) == 3
@@ -343,8 +359,36 @@ def test_choices_a_backend_leaves_out_of_its_usage_are_charged(gw: Gateway, tmp_
     assert (row["prompt_tokens"], row["completion_tokens"]) == (10, 15)  # 5 per choice, not 5 in all
     _ask(client, text="y")  # 25 + 15 = 40 tokens: under 60
     client.chat.completions.create(model="task_model", n=3, messages=[{"role": "user", "content": "z"}])
-    with pytest.raises(openai.RateLimitError):  # 65 spent; counted one choice each, 45 would pass
+    with pytest.raises(openai.RateLimitError):  # 65 spent; counted one choice each, 45 would leave room
         _ask(client, text="w")
+
+
+def test_a_backend_writing_past_what_was_held_is_charged_it_and_the_row_says_so(
+        gw: Gateway, tmp_path: Path, backend: FakeBackend) -> None:
+    # FakeBackend writes 5 tokens whatever max_tokens says: 2 held, 5 charged, nothing more admitted.
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=_bound() + 2)))
+    _ask(client)
+    assert backend.bodies[0]["max_tokens"] == 2
+    with pytest.raises(openai.RateLimitError):
+        _ask(client)
+    row = _rows(tmp_path / "run" / "usage.jsonl")[0]
+    assert row["completion_tokens"] == 5
+    assert row["error"] == "the backend reported 3 token(s) more than the gateway reserved"
+
+
+def test_parts_and_templates_whose_prompt_has_no_bound_are_refused_before_the_backend(
+        gw: Gateway, tmp_path: Path, backend: FakeBackend) -> None:
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=100_000)))
+    image = {"type": "image_url", "image_url": {"url": "https://example.org/a.png"}}
+    with pytest.raises(openai.BadRequestError, match="only text content parts"):
+        client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": [image]}])
+    loop = "{% for i in range(9**9) %}{{ messages[0].content }}{% endfor %}"  # vLLM renders it
+    with pytest.raises(openai.BadRequestError, match="chat_template"):
+        client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"chat_template": loop})
+    assert backend.bodies == []
+    text = {"type": "text", "text": "hi"}
+    assert client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": [text]}])
 
 
 # -- the usage log ---------------------------------------------------------------------------------------
@@ -371,13 +415,14 @@ def test_every_request_is_a_row_and_the_totals_survive_a_restart(tmp_path: Path,
 
     second = Gateway(tmp_path / "gw.sock")  # a restarted gateway: the same run granted again
     with second.start_in_thread():
-        grant = second.grant(roles=roles, usage_path=usage, budget=Budget(tokens=20), run_id="run-7")
+        grant = second.grant(roles=roles, usage_path=usage, budget=Budget(tokens=_bound() + 24),
+                             run_id="run-7")
         # Another id writing to the same log spends apart: a budget counts its own grant's rows.
         assert second.grant(roles=roles, usage_path=usage, run_id="run-7/scoring").totals().requests == 0
         t = grant.totals()
         assert (t.prompt_tokens, t.completion_tokens, t.requests, t.failures) == (13, 6, 3, 1)
         assert t.cost_usd == pytest.approx(0.02 + 0.005) and t.priced
-        _ask(_client(second, grant.token))  # 19 < 20 tokens: admitted
+        _ask(_client(second, grant.token))  # 19 spent: room for the prompt's bound and 5 tokens
         with pytest.raises(openai.RateLimitError):
             _ask(_client(second, grant.token))
     assert UsageLog(usage).totals().requests == 5

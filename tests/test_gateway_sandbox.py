@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from openrebench.cli import app
 from openrebench.gateway import OpenAICompatibleBackend, model_service
 from openrebench.gateway._forwarder import exec_prefix
+from openrebench.gateway._server import prompt_bound
 from openrebench.harness import OpenRebenchSandbox, SandboxConfig, TaskArgError, environment_tasks
 from openrebench.isolation import bwrap_usable
 from openrebench.runs import Run, refresh, start_run
@@ -162,6 +163,9 @@ def ask(model="judge"):
     except openai.APIStatusError as e:
         return [e.status_code, e.message]
 """
+# A budget with room for one `ask()` alone: the prompt's bound and the 33 tokens mockllm writes (it ignores
+# max_tokens), once; what that answer spends (34 tokens) leaves too little for the next one's worst case.
+ONE_ASK = prompt_bound("chat", {"messages": [{"role": "user", "content": "hi"}], "model": "judge"}) + 33
 
 
 # -- from inside the agent's sandbox ------------------------------------------------------------------
@@ -215,7 +219,7 @@ def test_no_provider_key_is_visible_in_the_sandbox(open_box: Any) -> None:
 @needs_bwrap
 def test_a_spent_budget_is_429_naming_it_and_a_killed_gateway_comes_back_remembering_it(
         open_box: Any) -> None:
-    box = open_box(model_budget_tokens=1)  # the first request is let through, and spends it
+    box = open_box(model_budget_tokens=ONE_ASK)  # the first request is let through, the next one is not
     assert box.python(ASK + "print(json.dumps(ask()))")[0] == 200
     refused = box.python(ASK + "print(json.dumps(ask()))")
     assert refused[0] == 429 and "token budget" in refused[1]
@@ -271,7 +275,7 @@ def test_without_isolation_commands_reach_the_model_on_a_free_port_of_the_host(o
 
 @needs_bwrap
 def test_the_scorer_calls_the_runs_model_on_a_budget_the_agent_cannot_spend(open_box: Any) -> None:
-    box = open_box(model_budget_tokens=1)  # the agent's first request spends it all
+    box = open_box(model_budget_tokens=ONE_ASK)  # the agent's first request leaves too little
     assert box.python(ASK + "print(json.dumps(ask()))")[0] == 200
     assert box.python(ASK + "print(json.dumps(ask()))")[0] == 429
     (box.run.workspace / "answer.txt").write_text("55\n")
@@ -287,7 +291,8 @@ def test_the_scorer_calls_the_runs_model_on_a_budget_the_agent_cannot_spend(open
                                                          ("scoring", 200)]
     assert rows[2]["grant"] != rows[3]["grant"]
     assert rows[2]["grant"].startswith(f"{box.run.path.name}/scoring-")
-    assert json.loads((box.run.path / "gateway" / "grant.json").read_text())["scoring_budget"]["tokens"] == 1
+    grant = json.loads((box.run.path / "gateway" / "grant.json").read_text())
+    assert grant["scoring_budget"]["tokens"] == ONE_ASK
     # The scoring's token is revoked; the agent's alone is live.
     assert list(model_service()._live) == [box.sandbox.models.agent_grant.token]
 

@@ -617,14 +617,19 @@ SPENDS = textwrap.dedent("""
 def test_a_scaffold_that_spends_the_scorings_budget_gets_429s_and_the_scoring_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from openrebench.api import ModelBudget
+    from openrebench.gateway._server import prompt_bound
     from openrebench.harness import RunModels
     from openrebench.runs import get_environment, score_run, start_run
     from openrebench.runs._scoring import _record_protected
 
     env = get_environment("rust_codecontests")
     spec = type(env).tiers["mini"]
+    # Room for product's first request alone (the gateway holds its prompt's bound and 5 tokens); mockllm
+    # writes 33 whatever max_tokens says, which leaves too little for any other.
+    first = prompt_bound("chat", {"model": "task_model", "max_tokens": 5,
+                                  "messages": [{"role": "user", "content": TEST["product"]["description"]}]})
     monkeypatch.setitem(type(env).tiers, "mini", spec.model_copy(
-        update={"scoring_model_budget": ModelBudget(tokens=20)}))
+        update={"scoring_model_budget": ModelBudget(tokens=first + 5)}))
     models = RunModels.for_tier(env, "mini", {"task_model": "mockllm/model"})
     assert models is not None
     run, _ = start_run(env, "mini", tmp_path / "run", score_start=False, access=models.scoring)

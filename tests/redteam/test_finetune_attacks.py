@@ -114,7 +114,7 @@ def zombie_result(tmp_path_factory: pytest.TempPathFactory) -> ScoreResult:
     return result
 
 
-@pytest.mark.attack(env=ENV, cls="hidden background work")
+@pytest.mark.attack(env=ENV, cls="hidden background work", invariant=2)
 def test_zombie_leader_threads_are_not_counted(zombie_result: ScoreResult) -> None:
     """A process whose leader thread exits (zombie) while its other thread works on after finetune.sh."""
     r = zombie_result
@@ -123,7 +123,7 @@ def test_zombie_leader_threads_are_not_counted(zombie_result: ScoreResult) -> No
         f"attack works: timed {seconds:.2f} s while the work took 6 s; {r.message[:160]}")
 
 
-@pytest.mark.attack(env=ENV, cls="yardstick slowed")
+@pytest.mark.attack(env=ENV, cls="yardstick slowed", invariant=1)
 def test_zombie_threads_burn_cpu_during_the_reference_run(zombie_result: ScoreResult) -> None:
     """The zombie's thread keeps burning CPU through the scorer's reference run (the speed yardstick)."""
     assert not _reached_reference(zombie_result), f"attack works: {zombie_result.message[:200]}"
@@ -139,7 +139,7 @@ DAEMON = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="hidden background work")
+@pytest.mark.attack(env=ENV, cls="hidden background work", invariant=2)
 def test_double_fork_setsid_daemon(tmp_path: Path) -> None:
     """Double fork + setsid: a daemon outlives finetune.sh by 6 s and must not run into the reference run."""
     r = _score(tmp_path, DAEMON)
@@ -157,7 +157,7 @@ POISON = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="poisoned reference run")
+@pytest.mark.attack(env=ENV, cls="poisoned reference run", invariant=1)
 def test_compiler_caches_poisoned_before_the_reference_run(tmp_path: Path) -> None:
     """Leave entries in the Triton and TorchInductor caches for the trusted reference run."""
     r = _score(tmp_path, POISON)  # /dev/shm: tests/test_optimize_finetune.py, in the scoring sandbox
@@ -174,7 +174,7 @@ QUICK_EXIT_WORKER = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="hidden background work")
+@pytest.mark.attack(env=ENV, cls="hidden background work", invariant=2)
 def test_weights_written_by_a_process_left_behind(tmp_path: Path) -> None:
     """finetune.sh exits at once; a disowned child writes the weights 3 s later: the 3 s must count."""
     r = _score(tmp_path, QUICK_EXIT_WORKER)

@@ -34,7 +34,7 @@ def _protected(tmp_path: Path) -> Path:
     return protected
 
 
-@pytest.mark.attack(env=ENV, cls="code in the weights")
+@pytest.mark.attack(env=ENV, cls="code in the weights", invariant=3)
 def test_pickle_payload_in_model_pt(tmp_path: Path) -> None:
     """A model.pt whose pickle runs a shell command when the scorer loads it."""
     marker = tmp_path / "pwned"
@@ -46,7 +46,7 @@ def test_pickle_payload_in_model_pt(tmp_path: Path) -> None:
     assert result.raw is None and result.message.startswith("Invalid: could not read the weights")
 
 
-@pytest.mark.attack(env=ENV, cls="held-out data in messages")
+@pytest.mark.attack(env=ENV, cls="held-out data in messages", invariant=3)
 def test_malformed_safetensors_message_carries_no_heldout(tmp_path: Path) -> None:
     """A truncated safetensors header whose parse error is echoed: nothing of heldout.bin may show."""
     folder = tmp_path / "solution" / "fixed_model"

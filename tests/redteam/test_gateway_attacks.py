@@ -93,7 +93,7 @@ def _wait_rows(path: Path, count: int, timeout_s: float = 10.0) -> list[dict[str
 
 # -- spending past the budget ------------------------------------------------------------------------------
 
-@attack(env="gateway", cls="budget overshoot")
+@attack(env="gateway", cls="budget overshoot", invariant=6)
 def test_sixteen_concurrent_requests_with_a_huge_max_tokens_stay_within_the_token_budget(
         gw: Gateway, tmp_path: Path) -> None:
     """Huge max_tokens on 16 requests at once: each passes the budget check before any is charged."""
@@ -106,7 +106,7 @@ def test_sixteen_concurrent_requests_with_a_huge_max_tokens_stay_within_the_toke
     assert all((b.get("max_tokens") or 0) <= 1000 for b in backend.bodies)
 
 
-@attack(env="gateway", cls="budget overshoot")
+@attack(env="gateway", cls="budget overshoot", invariant=6)
 def test_requests_naming_no_max_tokens_stay_within_the_dollar_budget(gw: Gateway, tmp_path: Path) -> None:
     """No max_tokens at all near the end of a dollar budget: the model writes as long as it likes."""
     backend = Generates()
@@ -117,7 +117,7 @@ def test_requests_naming_no_max_tokens_stay_within_the_dollar_budget(gw: Gateway
     assert sum(r["cost_usd"] for r in cost) <= 0.5 + 8 * 0.01, cost
 
 
-@attack(env="gateway", cls="budget overshoot")
+@attack(env="gateway", cls="budget overshoot", invariant=6)
 def test_many_choices_and_uncounted_length_parameters_are_refused_before_the_backend(
         gw: Gateway, tmp_path: Path) -> None:
     """n=10000, max_tokens as a string (coerced by Inspect), llama.cpp's n_predict, vLLM's best_of."""
@@ -136,7 +136,7 @@ def test_many_choices_and_uncounted_length_parameters_are_refused_before_the_bac
     assert len(out.choices) == 4 and backend.bodies[-1]["max_tokens"] <= 100_000 // 4
 
 
-@attack(env="gateway", cls="unmetered request")
+@attack(env="gateway", cls="unmetered request", invariant=6)
 def test_a_streamed_answer_is_charged_like_a_whole_one(gw: Gateway, tmp_path: Path,
                                                         backend: FakeBackend) -> None:
     """stream=True without stream_options: the client never sees usage; is it still charged?"""
@@ -148,7 +148,7 @@ def test_a_streamed_answer_is_charged_like_a_whole_one(gw: Gateway, tmp_path: Pa
     assert (row["prompt_tokens"], row["completion_tokens"]) == (10, 5)
 
 
-@attack(env="gateway", cls="unmetered request")
+@attack(env="gateway", cls="unmetered request", invariant=6)
 def test_an_answer_without_usage_is_charged_an_estimate_not_nothing(gw: Gateway, tmp_path: Path) -> None:
     """A backend (or an Inspect provider) that reports no usage: the tokens would be free."""
     client = _client(gw, _grant(gw, tmp_path, Generates(usage=False), budget=Budget(tokens=10**6)))
@@ -158,7 +158,7 @@ def test_an_answer_without_usage_is_charged_an_estimate_not_nothing(gw: Gateway,
     assert row["prompt_tokens"] >= 1000 and row["completion_tokens"] >= 2000, row
 
 
-@attack(env="gateway", cls="unmetered request")
+@attack(env="gateway", cls="unmetered request", invariant=6)
 def test_inspect_output_without_usage_is_charged_an_estimate(gw: Gateway, tmp_path: Path) -> None:
     """An Inspect provider's output with usage None reached the log as zero tokens, silently."""
     from inspect_ai.model import ModelOutput
@@ -172,7 +172,7 @@ def test_inspect_output_without_usage_is_charged_an_estimate(gw: Gateway, tmp_pa
     assert row["completion_tokens"] >= 2000, row
 
 
-@attack(env="gateway", cls="unmetered request")
+@attack(env="gateway", cls="unmetered request", invariant=6)
 def test_a_client_that_hangs_up_mid_call_is_still_charged(gw: Gateway, tmp_path: Path) -> None:
     """Send the request, close the connection before the answer: the provider spent the tokens."""
     token = _grant(gw, tmp_path, FakeBackend(delay_s=0.3))
@@ -182,7 +182,7 @@ def test_a_client_that_hangs_up_mid_call_is_still_charged(gw: Gateway, tmp_path:
     assert row["status"] == 200 and row["completion_tokens"] == 5
 
 
-@attack(env="gateway", cls="unmetered request")
+@attack(env="gateway", cls="unmetered request", invariant=6)
 def test_a_call_the_gateway_times_out_is_charged_what_it_held(tmp_path: Path) -> None:
     """A call running past the gateway's timeout was logged as 0 tokens, the provider's bill aside."""
     gateway = Gateway(tmp_path / "gw.sock", request_timeout_s=0.3)
@@ -196,7 +196,7 @@ def test_a_call_the_gateway_times_out_is_charged_what_it_held(tmp_path: Path) ->
     assert row["completion_tokens"] == 500, row
 
 
-@attack(env="gateway", cls="restart loses usage")
+@attack(env="gateway", cls="restart loses usage", invariant=6)
 def test_a_call_in_flight_when_the_gateway_stops_is_logged_and_charged(tmp_path: Path) -> None:
     """Calls in flight when the gateway's thread stops (a restart) left no row: spent, never counted."""
     gateway = Gateway(tmp_path / "gw.sock", shutdown_timeout_s=0.2)
@@ -211,9 +211,194 @@ def test_a_call_in_flight_when_the_gateway_stops_is_logged_and_charged(tmp_path:
     assert row["completion_tokens"] == 300 and row["status"] != 200, row
 
 
+# -- prompts past the budget: the gateway reserves each request's worst case -----------------------------
+
+class CountsBytes(FakeBackend):
+    """An upstream whose tokenizer is at its worst for the gateway's bound: a token for each UTF-8 byte of
+    the text (as byte-level BPE gives rare characters and random bytes), 4 a message for its template,
+    tools as their JSON after a 346-token preamble (Anthropic's); it writes every token it is let
+    (`max_tokens`, else 100,000 a choice), and a text completion with `echo` gives its prompts back."""
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies.append(dict(body))
+        await asyncio.sleep(self.delay_s)
+        tools = body.get("tools")
+        prompt = sum(4 + len(str(m.get("content") or "").encode()) for m in body["messages"]) + (
+            346 + len(json.dumps(tools, separators=(",", ":"), ensure_ascii=False).encode()) if tools else 0)
+        cap, n = body.get("max_completion_tokens") or body.get("max_tokens") or 100_000, body.get("n") or 1
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "upstream",
+                "choices": [{"index": i, "message": {"role": "assistant", "content": "w " * min(cap, 1000)},
+                             "finish_reason": "length"} for i in range(n)],
+                "usage": _usage(prompt, cap * n)}
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies.append(dict(body))
+        await asyncio.sleep(self.delay_s)
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        prompt = sum(1 + len(p.encode()) for p in prompts)
+        cap = 0 if body.get("max_tokens") == 0 else body.get("max_tokens") or 100_000
+        n = (body.get("n") or 1) * len(prompts)
+        return {"id": "x", "object": "text_completion", "created": 0, "model": "upstream",
+                "choices": [{"index": i, "text": prompts[i % len(prompts)] if body.get("echo") else "w",
+                             "logprobs": None, "finish_reason": "length"} for i in range(n)],
+                "usage": _usage(prompt, cap * n)}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+PRICEY = {"input": 150.0, "output": 600.0}  # US$ per 1M tokens (o1-pro's list price)
+
+
+def _rare(chars: int) -> str:
+    """CJK characters (3 UTF-8 bytes each), spread over 20,000 of them: rare ones are 2 or 3 tokens each in
+    byte-level BPE, where a character count or bytes / 4 takes them for one or less."""
+    return "".join(chr(0x4E00 + i * 7919 % 20_000) for i in range(chars))
+
+
+def _at_once(gw: Gateway, token: str, bodies: list[dict[str, Any]], endpoint: str = "chat") -> list[int]:
+    """Send `bodies` all at once (the run's 16 slots), each `model="task_model"`: their statuses."""
+    async def one(client: openai.AsyncOpenAI, body: dict[str, Any]) -> int:
+        try:
+            create = client.chat.completions.create if endpoint == "chat" else client.completions.create
+            await create(model="task_model", **body)
+            return 200
+        except openai.APIStatusError as e:
+            return e.status_code
+
+    async def main() -> list[int]:
+        async with _aclient(gw, token) as client:
+            return list(await asyncio.gather(*(one(client, b) for b in bodies)))
+
+    return asyncio.run(main())
+
+
+def _status(call: Any) -> int:
+    """The HTTP status of `call()`, an openai client's request."""
+    try:
+        call()
+        return 200
+    except openai.APIStatusError as e:
+        return e.status_code
+
+
+def _spent(gw: Gateway) -> tuple[int, float]:
+    """Tokens and dollars the test's one grant has been charged."""
+    (grant,) = gw._grants.values()
+    return grant.totals().tokens, grant.totals().cost_usd
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_a_huge_prompt_with_max_tokens_1_is_refused_before_the_backend(gw: Gateway, tmp_path: Path) -> None:
+    """A 27,000-token prompt with max_tokens 1 on a 10,000-token budget: only the completion was held."""
+    backend = CountsBytes()
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=10_000)))
+    status = _status(lambda: client.chat.completions.create(
+        model="task_model", max_tokens=1, messages=[{"role": "user", "content": _rare(9000)}]))
+    assert _spent(gw)[0] <= 10_000, _spent(gw)
+    assert status == 429 and backend.bodies == []
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_sixteen_concurrent_requests_each_just_under_the_remaining_budget_stay_within_it(
+        gw: Gateway, tmp_path: Path) -> None:
+    """16 requests at once, each a 6,000-token prompt that fits the 20,000-token budget alone: all checked
+    against the same remainder before any is charged."""
+    backend = CountsBytes()
+    token = _grant(gw, tmp_path, backend, budget=Budget(tokens=20_000))
+    ask = {"max_tokens": 100, "messages": [{"role": "user", "content": _rare(2000)}]}
+    statuses = _at_once(gw, token, [ask] * 16)
+    assert _spent(gw)[0] <= 20_000, _spent(gw)
+    assert 200 in statuses and set(statuses) <= {200, 429}  # honest requests that fit are served
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_echo_requests_with_a_huge_prompt_and_max_tokens_0_are_charged_within_the_budget(
+        gw: Gateway, tmp_path: Path) -> None:
+    """echo=true, max_tokens 0 (a prompt's log-probabilities) on a batch of 8 long prompts: no completion
+    is asked, so nothing at all was held."""
+    backend = CountsBytes()
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=10_000)))
+    status = _status(lambda: client.completions.create(
+        model="task_model", prompt=[_rare(1000)] * 8, echo=True, max_tokens=0, logprobs=0))
+    assert _spent(gw)[0] <= 10_000, _spent(gw)
+    assert status == 429
+    out = client.completions.create(model="task_model", prompt=[_rare(100)], echo=True, max_tokens=0,
+                                    logprobs=0)  # a short one fits
+    assert out.choices[0].text == _rare(100) and _spent(gw)[0] <= 10_000
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_sixteen_choices_with_a_huge_max_tokens_after_a_long_prompt_stay_within_the_budget(
+        gw: Gateway, tmp_path: Path) -> None:
+    """n=16, max_tokens 1,000,000 after a 6,000-token prompt: the choices share the whole budget, the
+    prompt on top."""
+    backend = CountsBytes()
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=8_000)))
+    out = client.chat.completions.create(model="task_model", n=16, max_tokens=1_000_000,
+                                         messages=[{"role": "user", "content": _rare(2000)}])
+    assert len(out.choices) == 16
+    assert _spent(gw)[0] <= 8_000, _spent(gw)
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_many_short_messages_of_multibyte_characters_do_not_undercut_the_prompts_bound(
+        gw: Gateway, tmp_path: Path) -> None:
+    """600 messages of 5 emoji each: 24 tokens a message (4 bytes an emoji, the template's 4), where a
+    character count gives 5 and the body's bytes / 4 fewer than 24."""
+    backend = CountsBytes()
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=12_000)))
+    status = _status(lambda: client.chat.completions.create(
+        model="task_model", max_tokens=1, messages=[{"role": "user", "content": "😀🙃🤖🧠🔥"}] * 600))
+    assert _spent(gw)[0] <= 12_000, _spent(gw)
+    assert status == 429
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_a_prompt_hidden_in_tool_definitions_is_reserved_too(gw: Gateway, tmp_path: Path) -> None:
+    """A one-letter message with 18,000 bytes of tool description: the provider renders tools into the
+    prompt (and adds its tool-use preamble)."""
+    backend = CountsBytes()
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(tokens=10_000)))
+    tool = {"type": "function", "function": {"name": "f", "description": _rare(6000), "parameters": {}}}
+    status = _status(lambda: client.chat.completions.create(
+        model="task_model", max_tokens=1, tools=[tool], messages=[{"role": "user", "content": "x"}]))
+    assert _spent(gw)[0] <= 10_000, _spent(gw)
+    assert status == 429
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_long_prompts_to_a_pricey_model_stay_within_the_dollar_budget(gw: Gateway, tmp_path: Path) -> None:
+    """4 requests at once to a $150/$600 per million model, each a $0.45 prompt and no max_tokens, on a
+    $1 budget: the completion alone was held, at the output price."""
+    backend = CountsBytes()
+    token = _grant(gw, tmp_path, backend, budget=Budget(usd=1.0),
+                   roles={"task_model": RoleModel(backend, "fake/pricey", price=PRICEY)})
+    statuses = _at_once(gw, token, [{"messages": [{"role": "user", "content": _rare(1000)}]}] * 4)
+    assert 200 in statuses
+    rows = _rows(tmp_path / "run" / "usage.jsonl")
+    assert sum(r["cost_usd"] for r in rows) <= 1.0 and _spent(gw)[1] <= 1.0, rows
+
+
+@attack(env="gateway", cls="budget overshoot", invariant=6, defence="gateway-reservation")
+def test_requests_omitting_max_tokens_with_long_prompts_stay_within_the_token_budget(
+        gw: Gateway, tmp_path: Path) -> None:
+    """8 requests at once, each a 6,000-token prompt and no max_tokens (the model would write 100,000):
+    each held the unasked cap's completion, never its prompt."""
+    from openrebench.gateway._server import CAP_UNASKED
+
+    backend = CountsBytes()
+    token = _grant(gw, tmp_path, backend, budget=Budget(tokens=30_000))
+    statuses = _at_once(gw, token, [{"messages": [{"role": "user", "content": _rare(2000)}]}] * 8)
+    assert 200 in statuses
+    assert _spent(gw)[0] <= 30_000, _spent(gw)
+    assert all(0 < b["max_tokens"] <= CAP_UNASKED for b in backend.bodies)  # imposed, not only held
+
+
 # -- grants, models and keys -------------------------------------------------------------------------------
 
-@attack(env="gateway", cls="grant escape")
+@attack(env="gateway", cls="grant escape", invariant=0)
 def test_a_run_reaches_neither_another_runs_roles_nor_its_models_by_name(gw: Gateway, tmp_path: Path) -> None:
     """Name the other run's role or model, guess tokens, send the token in other headers."""
     mine, theirs = FakeBackend(), FakeBackend()
@@ -229,7 +414,7 @@ def test_a_run_reaches_neither_another_runs_roles_nor_its_models_by_name(gw: Gat
         assert b" 401 " in reply.recv(4096).split(b"\r\n")[0]
 
 
-@attack(env="gateway", cls="key leak")
+@attack(env="gateway", cls="key leak", invariant=0)
 def test_a_provider_error_quoting_the_key_does_not_reach_the_client_or_the_log(
         gw: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Provoke a provider error whose message quotes the harness's API key."""
@@ -251,7 +436,7 @@ def test_a_provider_error_quoting_the_key_does_not_reach_the_client_or_the_log(
 
 # -- the gateway's memory and connections ---------------------------------------------------------------
 
-@attack(env="gateway", cls="harness memory")
+@attack(env="gateway", cls="harness memory", invariant=5)
 def test_many_large_requests_at_once_hold_only_the_runs_slots_worth_of_bodies(tmp_path: Path) -> None:
     """Open 40 connections each sending a body at the size limit: all read into the harness's memory."""
     gateway = Gateway(tmp_path / "gw.sock", max_body=64 * 1024, concurrency=2, shutdown_timeout_s=0.2)
@@ -273,7 +458,7 @@ def test_many_large_requests_at_once_hold_only_the_runs_slots_worth_of_bodies(tm
             c.close()
 
 
-@attack(env="gateway", cls="denial of service")
+@attack(env="gateway", cls="denial of service", invariant=5)
 def test_a_connection_that_sends_nothing_is_closed_soon(tmp_path: Path) -> None:
     """Slowloris: connections opened and left silent pile up in the harness's process (aiohttp: 75 s)."""
     from openrebench.gateway._server import KEEPALIVE_S
@@ -292,7 +477,7 @@ def test_a_connection_that_sends_nothing_is_closed_soon(tmp_path: Path) -> None:
             idle.close()
 
 
-@attack(env="gateway", cls="denial of service")
+@attack(env="gateway", cls="denial of service", invariant=5)
 def test_requests_queued_past_a_runs_limit_are_refused_at_once(tmp_path: Path) -> None:
     """Queue hundreds of requests behind the run's busy slots: each holds a harness descriptor for 600 s."""
     gateway = Gateway(tmp_path / "gw.sock", concurrency=1, max_pending=8, shutdown_timeout_s=0.2)
@@ -333,7 +518,7 @@ class OneAtATime(FakeBackend):
             self.calls_now -= 1
 
 
-@attack(env="gateway", cls="denial of service")
+@attack(env="gateway", cls="denial of service", invariant=5)
 def test_one_run_flooding_a_shared_backend_does_not_starve_another_runs_scorer(
         gw: Gateway, tmp_path: Path) -> None:
     """Flood the shared (local) model with the run's 16 slots so that other runs' judges time out."""
@@ -356,7 +541,7 @@ def test_one_run_flooding_a_shared_backend_does_not_starve_another_runs_scorer(
     assert shared.asked == 17 and shared.most_calls == 1  # never more at once than it serves
 
 
-@attack(env="gateway", cls="denial of service")
+@attack(env="gateway", cls="denial of service", invariant=5)
 def test_a_run_cannot_hold_more_connections_open_than_its_limit(tmp_path: Path) -> None:
     """Keep dozens of keep-alive connections open on the run's socket, each with a cheap authorised request.
 
@@ -404,7 +589,7 @@ def test_a_run_cannot_hold_more_connections_open_than_its_limit(tmp_path: Path) 
 # -- from inside the agent's sandbox ----------------------------------------------------------------------
 
 @needs_bwrap
-@attack(env="gateway", cls="usage log forgery")
+@attack(env="gateway", cls="usage log forgery", invariant=6)
 def test_the_usage_log_and_the_gateways_folder_are_out_of_the_agents_reach(open_box: Any) -> None:
     """Read or rewrite the run's usage log, or replace the gateway's socket, from the agent's sandbox."""
     box = open_box(model_budget_tokens=100_000)
@@ -423,7 +608,7 @@ def test_the_usage_log_and_the_gateways_folder_are_out_of_the_agents_reach(open_
 
 
 @needs_bwrap
-@attack(env="gateway", cls="direct backend access")
+@attack(env="gateway", cls="direct backend access", invariant=0)
 def test_the_agent_cannot_reach_a_server_on_the_hosts_loopback_nor_the_local_models_key(
         open_box: Any) -> None:
     """Talk to the local llama.cpp server directly (it listens on the host's 127.0.0.1), or read its key."""

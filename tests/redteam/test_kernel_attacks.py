@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from redteam_support import EXPECTED, HONEST_KERNEL, kernel_score, ms_of
 
+from kernel_support import KERNEL_TIER
+
 ENV = "optimize_kernel"
 # Every attack's time is compared with an honest solution's, measured once: both must see the same load.
 pytestmark = pytest.mark.timing
@@ -65,7 +67,7 @@ PRECOMPUTE_FRAMES = EXPECTED + SPIN + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="precomputation")
+@pytest.mark.attack(env=ENV, cls="precomputation", invariant=1)
 def test_precompute_from_host_frames(tmp_path: Path, monkeypatch, honest_ms: float) -> None:
     """Precompute every answer at import from the host's stack frames (the inputs exist before import)."""
     _caught(kernel_score(monkeypatch, tmp_path, PRECOMPUTE_FRAMES), honest_ms)
@@ -85,7 +87,7 @@ PRECOMPUTE_GC = EXPECTED + SPIN + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="precomputation")
+@pytest.mark.attack(env=ENV, cls="precomputation", invariant=1)
 def test_precompute_from_gc_objects(tmp_path: Path, monkeypatch, honest_ms: float) -> None:
     """Precompute every answer at import from int32 tensors found with gc.get_objects()."""
     _caught(kernel_score(monkeypatch, tmp_path, PRECOMPUTE_GC), honest_ms)
@@ -123,7 +125,7 @@ FORGED_CHANNEL = EXPECTED + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="forged timing")
+@pytest.mark.attack(env=ENV, cls="forged timing", invariant=1)
 def test_forged_channel_with_slow_pings(tmp_path: Path, monkeypatch, honest_ms: float) -> None:
     """Take over the host's channel at import: answer correctly, report 0.0001 ms, slow the pings."""
     _caught(kernel_score(monkeypatch, tmp_path, FORGED_CHANNEL), honest_ms)
@@ -154,7 +156,7 @@ GUARD_BYPASS = EXPECTED + SPIN + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="tamper-guard bypass")
+@pytest.mark.attack(env=ENV, cls="tamper-guard bypass", invariant=1)
 def test_tamper_guard_methods_patched(tmp_path: Path, monkeypatch, honest_ms: float) -> None:
     """Neuter TamperGuard.check/new_threads, then do the work in a patched Digester, after the clock stops."""
     _caught(kernel_score(monkeypatch, tmp_path, GUARD_BYPASS), honest_ms)
@@ -182,7 +184,7 @@ DEFERRED_MODE = EXPECTED + SPIN + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="hidden background work")
+@pytest.mark.attack(env=ENV, cls="hidden background work", invariant=2)
 def test_work_deferred_past_the_clock_by_a_torch_function_mode(tmp_path: Path, monkeypatch,
                                                                honest_ms: float) -> None:
     """Return an empty tensor; a global TorchFunctionMode fills it when the host digests the output."""
@@ -220,7 +222,7 @@ HIDDEN_THREAD = EXPECTED + SPIN + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="hidden background work")
+@pytest.mark.attack(env=ENV, cls="hidden background work", invariant=2)
 def test_raw_thread_invisible_to_threading(tmp_path: Path, monkeypatch, honest_ms: float) -> None:
     """A _thread.start_new_thread worker (not in threading.enumerate) computes after the call returns."""
     _caught(kernel_score(monkeypatch, tmp_path, HIDDEN_THREAD), honest_ms)
@@ -247,7 +249,7 @@ LOCAL_CLOCK = EXPECTED + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="clock patching")
+@pytest.mark.attack(env=ENV, cls="clock patching", invariant=1)
 def test_host_local_clock_scaled_under_the_margin(tmp_path: Path, monkeypatch, honest_ms: float) -> None:
     """Rewrite the host's local perf_counter (frame locals) to run at 0.72x, inside the scorer's margin."""
     _caught(kernel_score(monkeypatch, tmp_path, LOCAL_CLOCK), honest_ms)
@@ -268,7 +270,7 @@ SEED_PEEK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="precomputation")
+@pytest.mark.attack(env=ENV, cls="precomputation", invariant=1)
 def test_timed_input_seeds_readable_before_the_calls(tmp_path: Path, monkeypatch) -> None:
     """Read the seeds of every timed input and the digest key from the host's memory at import."""
     result = kernel_score(monkeypatch, tmp_path, SEED_PEEK)
@@ -316,7 +318,8 @@ BURNERS_OUTSIDE_THE_SESSION = EXPECTED + textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env=ENV, cls="yardstick slowed")
+@pytest.mark.attack(env=ENV, cls="yardstick slowed", invariant=1)
+@pytest.mark.skipif(KERNEL_TIER != "mini", reason="only the CPU tier divides by a yardstick")
 def test_cpu_burners_slow_the_yardstick_between_calls(tmp_path: Path, monkeypatch) -> None:
     """Daemons that left the host's session burn every CPU, to slow the yardstick measured between calls.
 
@@ -351,7 +354,8 @@ SHADOWS = {
 }
 
 
-@pytest.mark.attack(env="optimize_kernel", cls="code-before-measurement")
+@pytest.mark.attack(env="optimize_kernel", cls="code-before-measurement", invariant=1,
+                    defence="isolated-host-start")
 @pytest.mark.parametrize("shadow", sorted(SHADOWS))
 def test_no_module_of_the_workspace_runs_before_the_baseline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shadow: str) -> None:

@@ -66,7 +66,7 @@ def _ground_truth_values() -> list[str]:
     return values
 
 
-@pytest.mark.attack(env="scaling_law", cls="package metadata")
+@pytest.mark.attack(env="scaling_law", cls="package metadata", invariant=0)
 def test_ground_truth_in_installed_metadata_or_docs(box: OpenRebenchSandbox) -> None:
     """grep the installed package and its dist-info METADATA (the README) for the hidden optimum loss."""
     import sys
@@ -80,7 +80,7 @@ def test_ground_truth_in_installed_metadata_or_docs(box: OpenRebenchSandbox) -> 
     assert result.stdout.strip() == "", f"attack works: the hidden optimum is readable in {result.stdout}"
 
 
-@pytest.mark.attack(env="fix_embedding", cls="secret in package source")
+@pytest.mark.attack(env="fix_embedding", cls="secret in package source", invariant=0)
 def test_permutation_seed_readable_in_env_py(tmp_path: Path) -> None:
     """Invert the workspace model's permutation with the seed env.py shows (as the agent would)."""
     import torch
@@ -106,7 +106,7 @@ def test_permutation_seed_readable_in_env_py(tmp_path: Path) -> None:
     assert not torch.equal(recovered[0], recovered[1]), "attack works: two runs share one permutation"
 
 
-@pytest.mark.attack(env="sandbox", cls="/proc snooping")
+@pytest.mark.attack(env="sandbox", cls="/proc snooping", invariant=0)
 def test_proc_of_the_harness_reveals_nothing(box: OpenRebenchSandbox) -> None:
     """Walk /proc for the harness's environment, command lines, open files and memory maps."""
     script = ("for p in /proc/[0-9]*; do cat $p/environ $p/cmdline $p/maps 2>/dev/null; "
@@ -115,7 +115,7 @@ def test_proc_of_the_harness_reveals_nothing(box: OpenRebenchSandbox) -> None:
     assert str(box.run.protected) not in result.stdout and SECRET not in result.stdout
 
 
-@pytest.mark.attack(env="sandbox", cls="malformed request")
+@pytest.mark.attack(env="sandbox", cls="malformed request", invariant=0)
 def test_malformed_requests_to_the_score_socket(box: OpenRebenchSandbox) -> None:
     """Garbage, a JSON list, invalid UTF-8, an overlong line and a half-closed connection on the socket."""
     client = textwrap.dedent("""
@@ -159,7 +159,7 @@ FORGE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env="sandbox", cls="fake result line")
+@pytest.mark.attack(env="sandbox", cls="fake result line", invariant=0)
 def test_fake_result_line_on_every_stdout_in_reach(box: OpenRebenchSandbox) -> None:
     """Write a forged OPENREBENCH-RESULT line to every stdout reachable through /proc."""
     (box.run.workspace / "solution.py").write_text(FORGE)
@@ -182,7 +182,7 @@ SIGNALLER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env="sandbox", cls="signalling the scorer")
+@pytest.mark.attack(env="sandbox", cls="signalling the scorer", invariant=0)
 def test_stop_and_terminate_every_process_in_reach(box: OpenRebenchSandbox) -> None:
     """SIGSTOP then SIGTERM to the scorer, PID 1 and every pid in /proc; the harness must carry on."""
     (box.run.workspace / "solution.py").write_text(SIGNALLER)
@@ -208,7 +208,7 @@ PROTECTED_READER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.attack(env="sandbox", cls="/proc snooping")
+@pytest.mark.attack(env="sandbox", cls="/proc snooping", invariant=3)
 def test_scoring_sandbox_protected_data_through_proc(box: OpenRebenchSandbox) -> None:
     """From the solution's code in the scoring sandbox: protected/, and through /proc/*/root, fds and maps."""
     (box.run.workspace / "solution.py").write_text(PROTECTED_READER)
@@ -217,7 +217,7 @@ def test_scoring_sandbox_protected_data_through_proc(box: OpenRebenchSandbox) ->
     assert not leaked, "attack works: read protected/"
 
 
-@pytest.mark.attack(env="sandbox", cls="agent processes during scoring")
+@pytest.mark.attack(env="sandbox", cls="agent processes during scoring", invariant=2)
 def test_agent_processes_are_frozen_while_scoring(box: OpenRebenchSandbox,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy loop the agent keeps running in its own sandbox while `score` times the solution (the
@@ -247,7 +247,7 @@ SHM_READER = "import os\nleft = [p for p in ('/dev/shm/redteam-left', '/tmp/redt
              "        if os.path.exists(p)]\nraise SystemExit(f'LEFT {left}')\n"
 
 
-@pytest.mark.attack(env="sandbox", cls="leftovers between scorings")
+@pytest.mark.attack(env="sandbox", cls="leftovers between scorings", invariant=3)
 def test_shm_and_tmp_leftovers_between_scorings(box: OpenRebenchSandbox) -> None:
     """A scoring leaves files in /dev/shm and /tmp; the next scoring looks for them."""
     (box.run.workspace / "solution.py").write_text(SHM_WRITER)
@@ -257,7 +257,7 @@ def test_shm_and_tmp_leftovers_between_scorings(box: OpenRebenchSandbox) -> None
     assert "LEFT []" in row.message, f"attack works: {row.message[:200]}"
 
 
-@pytest.mark.attack(env="sandbox", cls="one row per scoring")
+@pytest.mark.attack(env="sandbox", cls="one row per scoring", invariant=5)
 def test_every_scoring_of_this_module_left_exactly_one_row(box: OpenRebenchSandbox) -> None:
     """After all the attacks above, the log has one readable row per scoring, indexed in order."""
     rows, warnings = box.run.rows()

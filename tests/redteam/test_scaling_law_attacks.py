@@ -29,7 +29,7 @@ def _digits(x: float) -> list[str]:
     return [f"{x:.2f}", f"{x:.3f}", f"{x:.4f}", f"{x:.3g}"]
 
 
-@pytest.mark.attack(env=ENV, cls="hidden score leak")
+@pytest.mark.attack(env=ENV, cls="hidden score leak", invariant=0)
 def test_hidden_score_absent_from_reply_and_log(run: Run) -> None:
     """Score a good answer; look for its hidden score in the `score` reply and in `score log`."""
     truth = GroundTruth.model_validate_json((run.protected / "ground_truth.json").read_text())
@@ -45,7 +45,7 @@ def test_hidden_score_absent_from_reply_and_log(run: Run) -> None:
     assert leaked == [], f"attack works: the hidden score shows ({leaked}) in {shown!r}"
 
 
-@pytest.mark.attack(env=ENV, cls="hidden score leak")
+@pytest.mark.attack(env=ENV, cls="hidden score leak", invariant=0)
 def test_invalid_answers_do_not_reveal_the_ground_truth(run: Run) -> None:
     """Probe the scorer with edge answers (range ends, huge values): messages must not name true losses."""
     truth = GroundTruth.model_validate_json((run.protected / "ground_truth.json").read_text())

@@ -257,14 +257,14 @@ def _cleanup_host_ipc() -> None:
     del os
 
 
-@pytest.mark.attack(env="all", cls="nothing-leaves")
+@pytest.mark.attack(env="all", cls="nothing-leaves", invariant=3)
 @pytest.mark.parametrize("channel", sorted(CHANNELS))
 def test_nothing_a_scoring_leaves_reaches_the_agent(looked: dict[str, bool], channel: str) -> None:
     """A scoring's code leaves held-out data in a kernel channel for the agent to read afterwards."""
     assert looked[channel] is False, f"{channel} leaked (defence: {CHANNELS[channel]})"
 
 
-@pytest.mark.attack(env="all", cls="nothing-leaves")
+@pytest.mark.attack(env="all", cls="nothing-leaves", invariant=3)
 @pytest.mark.parametrize("channel", ["keyring", "sysv_shm", "sysv_msg", "posix_mq"])
 def test_without_its_defence_the_channel_leaks(looked_without_defences: dict[str, bool],
                                                channel: str) -> None:

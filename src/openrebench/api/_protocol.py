@@ -128,6 +128,7 @@ HOST_PATH_ENV = "OPENREBENCH_HOST_PATH"
 # is told to import the solution), then the scorer's own import path (plug-ins included), then the module.
 _BOOT = ("import os, runpy, sys; sys.path[:0] = [p for p in os.environ.pop('" + HOST_PATH_ENV +
          "').split(os.pathsep) if p]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+HOST_START: tuple[str, ...] = ("-I", "-B", "-c", _BOOT)  # the interpreter's arguments before the module
 
 
 def host_path(solution: Path) -> list[str]:
@@ -166,7 +167,7 @@ class SolutionProcess:
         gate = ["/bin/sh", "-c", 'read -r _ && exec "$@" </dev/null', "openrebench-gate"] if cgroup else []
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*gate, *prefix, sys.executable, "-I", "-B", "-c", _BOOT, module, str(solution),
+                [*gate, *prefix, sys.executable, *HOST_START, module, str(solution),
                  str(child_read), str(child_write)],
                 cwd=solution, stdin=subprocess.PIPE if cgroup else subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_read, child_write, *pass_fds), env=child_env,
@@ -187,8 +188,12 @@ class SolutionProcess:
             self.proc.stdin.close()
 
     def output_tail(self, lines: int = 15, chars: int = 2000) -> str:
+        """The last lines of the solution's output, read from the end of its log only (a solution that
+        printed 100 GB must not cost the scorer its memory)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(max(log.seek(0, os.SEEK_END) - 64 * chars, 0))
+                text = log.read().decode(errors="replace")
         except OSError:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])[-chars:]

@@ -15,6 +15,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import math
 import secrets
 import socket
 import threading
@@ -32,22 +33,32 @@ from openrebench.base import OpenRebenchError
 from ._backends import Backend, BackendError
 from ._fair import DEFAULT_CAPACITY, FairQueue
 from ._prices import find_price
-from ._usage import Totals, UsageLog
+from ._usage import Totals, UsageLog, cost_usd
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # bytes of one request: a long chat fits many times over
 REQUEST_TIMEOUT_S = 600.0  # one model call, waiting for a free slot included
-CONCURRENCY = 16  # model calls of one run at once: also bounds how far a budget can be overshot
+CONCURRENCY = 16  # model calls of one run at once
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 MAX_CHOICES = 16  # `n` of one request: each choice is charged, and held against the budget meanwhile
-CAP_UNASKED = 4096  # completion tokens per choice held for a request that names no `max_tokens`; it is
-# capped at what remains of the budget once that is less (any model takes a cap this small)
+CAP_UNASKED = 4096  # completion tokens per choice for a request that names no `max_tokens`, under a budget:
+# imposed as its `max_tokens` and held (less where less remains; any model takes a cap this small)
 MAX_PENDING = 128  # requests of one grant in flight or waiting for a slot: more are refused at once (each
 # holds a connection, hence a file descriptor of the harness, until it ends)
 KEEPALIVE_S = 15.0  # a connection idle this long (a new one that sent nothing too) is closed: each is a
 # file descriptor of the harness's process, which serves every run
-BYTES_PER_TOKEN = 4  # the estimate of a request's prompt before the backend counts it
+# The prompt's bound (`prompt_bound`). Byte-level BPE tokenizers (GPT-2, tiktoken, Llama 3) and
+# SentencePiece with byte fallback (Gemma, the offline model) never make a token of less than one UTF-8
+# byte, so the bytes of the text bound its tokens, whatever the text (multibyte characters, rare
+# scripts, random bytes), and the bytes of a structure written as JSON (tools, tool calls) bound it
+# rendered as JSON; the constants bound what a provider adds around them: chat-template tokens of one
+# message (role header and separators: 3 to 5 in ChatML, Llama 3, Gemma, OpenAI's count), of one request
+# (BOS, the assistant's header, Llama 3.1's default system header: about 30), and a tool-use preamble
+# (Anthropic documents 264 to 346 tokens).
+PROMPT_TOKENS_PER_MESSAGE = 8
+PROMPT_TOKENS_PER_REQUEST = 64
+PROMPT_TOKENS_FOR_TOOLS = 512
 
 
 @dataclass(frozen=True)
@@ -101,20 +112,40 @@ class Grant:
         a restart, goes on counting them)."""
         return self.usage.totals(self.run_id)
 
-    def available(self, price: Mapping[str, float] | None) -> int | None:
-        """Completion tokens the budget still has room for, after what is spent and what the requests in
-        flight hold (None: no limit). A request's own prompt is not taken off: the budget may be
-        overshot by one prompt (at most `max_body` bytes), as a request is let through until it is spent."""
-        t, (held_tokens, held_usd) = self.totals(), self.usage.held(self.run_id)
+    def room(self, price: Mapping[str, float] | None, prompt: int, spent: Totals, held: tuple[int, float]
+             ) -> tuple[int | None, str]:
+        """Completion tokens the budget has room for once `prompt` tokens are taken off, after what is
+        `spent` and what the requests in flight hold (None: no limit; negative: the prompt alone does not
+        fit), and the budget that binds, in words."""
         room: int | None = None
+        what = "token budget"
         if self.budget.tokens is not None:
-            room = self.budget.tokens - t.tokens - held_tokens
-        out = price.get("output", 0.0) if price else 0.0
-        if self.budget.usd is not None and out > 0:
-            left = self.budget.usd - t.cost_usd - held_usd
-            dollars = int(left / out * 1e6)
-            room = dollars if room is None else min(room, dollars)
-        return room
+            room = self.budget.tokens - spent.tokens - held[0] - prompt
+        if self.budget.usd is not None and price:
+            # A hair under what is left, so that summing the rows' float costs stays within the budget.
+            left = (self.budget.usd - spent.cost_usd - held[1]) * (1 - 1e-9) - cost_usd(price, prompt, 0)
+            out = price.get("output", 0.0)
+            dollars = math.floor(left / out * 1e6) if out > 0 else None if left >= 0 else -1
+            if dollars is not None and (room is None or dollars < room):
+                room, what = dollars, "dollar budget"
+        return room, what
+
+    def reserve(self, role: str, prompt: int, body: dict[str, Any]) -> tuple[int, float, bool]:
+        """Hold the request's worst case against the budget, atomically with the check: `prompt` (a bound,
+        see `prompt_bound`) plus its completion cap times its choices, the cap shrunk (and imposed) to what
+        remains; refused (429) when even one token a choice does not fit. Gives the completion tokens
+        and the dollars held, and whether a budget capped the request."""
+        price = self.prices[role]
+        who = "this scoring" if self.phase == "scoring" else "the run"
+
+        def decide(spent: Totals, held_tokens: int, held_usd: float
+                   ) -> tuple[int, float, tuple[int, float, bool]]:
+            room, what = self.room(price, prompt, spent, (held_tokens, held_usd))
+            completion = _limit(body, room, prompt, f"{who}'s {what}")
+            usd = cost_usd(price, prompt, completion)
+            return prompt + completion, usd, (completion, usd, room is not None)
+
+        return self.usage.reserve(self.run_id, decide)
 
     def resolve(self, name: object) -> tuple[str, RoleModel] | None:
         """The role a request's `model` names: the role itself or its model's name."""
@@ -442,14 +473,22 @@ class Gateway:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         """One model call: authorise, wait for one of the run's slots, read, resolve the model, hold
-        its share of the budget, call, meter, answer.
+        its worst case against the budget, call, meter, answer.
 
         The body is read only once a slot is held, so a run's requests hold at most `concurrency`
         bodies in the harness's memory however many connections it opens. A call that times out or is
-        cancelled (the gateway closing) is charged what it held: the provider may have spent it."""
+        cancelled (the gateway closing) is charged what it held: the provider may have spent it. The
+        hold is released only after the row is counted, so the budget never sees the call as neither."""
         t0 = time.perf_counter()
         endpoint = ENDPOINTS[request.path]
         call = _Call()
+        try:
+            return await self._metered(request, endpoint, call, t0)
+        finally:
+            call.release()
+
+    async def _metered(self, request: web.Request, endpoint: str, call: _Call, t0: float
+                       ) -> web.StreamResponse:
         try:
             call.grant = self._authorised(request)
             if request.content_length is not None and request.content_length > self.max_body:
@@ -467,7 +506,6 @@ class Gateway:
                                "timeout", "timeout") from None
             finally:
                 call.grant.pending -= 1
-                call.release()
         except _Refusal as r:
             self._record(call.grant, call.role, call.model, endpoint, t0, status=r.status, error=r.message,
                          **call.charge())
@@ -482,14 +520,21 @@ class Gateway:
         prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
         choices = output.get("choices")
         error = None
-        if prompt is None or completion is None:  # never free: an estimate from the bytes
-            error = "the backend reported no usage: estimated"
+        if prompt is None or completion is None:  # never free: the bounds, from the bytes
+            error = "the backend reported no usage: charged the gateway's bound"
             if prompt is None:
-                prompt = call.prompt_estimate
+                prompt = call.prompt_bound
             if completion is None:
-                completion = -(-len(json.dumps(choices, default=str)) // BYTES_PER_TOKEN)
+                completion = _json_bytes(choices)
+                if call.capped:  # it was asked for no more than it held
+                    completion = min(completion, call.completion_held)
         elif getattr(model.backend, "usage_counts_one_choice", False) and isinstance(choices, list):
             completion *= max(1, len(choices))
+        over = max(prompt - call.prompt_bound, 0) + max(completion - call.completion_held, 0)
+        if call.capped and over > 0:  # a backend past its max_tokens, or a prompt past the bound: counted
+            error = f"the backend reported {over:,} token(s) more than the gateway reserved"
+            logger.warning("%s: %s (prompt %d of %d, completion %d of %d)", model.model_name, error, prompt,
+                           call.prompt_bound, completion, call.completion_held)
         self._record(grant, role, model, endpoint, t0, status=200, prompt=prompt, completion=completion,
                      error=error)
         output["model"] = model.model_name
@@ -502,7 +547,7 @@ class Gateway:
                       ) -> tuple[dict[str, Any], bool, bool]:
         grant = call.grant
         assert grant is not None
-        body, size = await self._body(request)
+        body, _ = await self._body(request)
         found = grant.resolve(body.get("model"))
         if found is None:
             raise _Refusal(*_not_granted_args(body.get("model")))
@@ -513,7 +558,7 @@ class Gateway:
         spent = grant.exhausted()
         if spent is not None:
             raise _Refusal(429, spent, "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
-        call.hold(grant, _limit(body, grant.available(grant.prices[call.role])), size // BYTES_PER_TOKEN)
+        call.reserve(grant, prompt_bound(endpoint, body), body)  # or refused: no backend call
         backend = call.model.backend
         try:
             async with self._queue(backend).slot(grant.run_id):
@@ -575,19 +620,17 @@ class _Call:
     grant: Grant | None = None
     role: str | None = None
     model: RoleModel | None = None
-    prompt_estimate: int = 0
+    prompt_bound: int = 0
     completion_held: int = 0
+    capped: bool = False  # a budget capped it: what it holds is all it may spend
     started: bool = False  # the backend has it: a timeout or cancellation may have cost the provider
     _held: tuple[int, float] | None = None
 
-    def hold(self, grant: Grant, completion: int, prompt: int) -> None:
+    def reserve(self, grant: Grant, prompt: int, body: dict[str, Any]) -> None:
         assert self.role is not None
-        price = grant.prices[self.role] or {}
-        self.prompt_estimate, self.completion_held = prompt, completion
-        tokens = prompt + completion
-        usd = (prompt * price.get("input", 0.0) + completion * price.get("output", 0.0)) / 1e6
-        self._held = (tokens, usd)
-        grant.usage.hold(tokens, usd, grant.run_id)
+        self.completion_held, usd, self.capped = grant.reserve(self.role, prompt, body)
+        self.prompt_bound = prompt
+        self._held = (prompt + self.completion_held, usd)
         self.started = True
 
     def release(self) -> None:
@@ -599,7 +642,59 @@ class _Call:
         """What a call that ended without an answer is charged: nothing, unless the backend had it."""
         if not self.started:
             return {}
-        return {"prompt": self.prompt_estimate, "completion": self.completion_held}
+        return {"prompt": self.prompt_bound, "completion": self.completion_held}
+
+
+def _json_bytes(value: object) -> int:
+    """Bytes of a JSON value written compactly, strings unescaped (UTF-8): at least the bytes of every
+    string in it and of the structure around them (a walk without recursion: the body may nest as deep
+    as the JSON parser allowed)."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += 2 + len(v.encode("utf-8", "surrogatepass"))  # JSON may carry lone surrogates
+        elif isinstance(v, dict):
+            total += 2 + 2 * len(v)  # braces, a colon and a comma an entry
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            total += 2 + len(v)
+            stack.extend(v)
+        else:
+            total += len(json.dumps(v))  # numbers, true, false, null
+    return total
+
+
+def prompt_bound(endpoint: str, body: dict[str, Any]) -> int:
+    """An upper bound on the request's prompt tokens that the gateway computes offline, for any model
+    whose tokens cover at least one byte (see PROMPT_TOKENS_PER_MESSAGE): the bytes of the request as
+    JSON (every message's text with its fields, tools, and any field a backend might render), plus the
+    template's tokens per message (per prompt of a text completion: its BOS), per request and for tools.
+    A text completion's prompt given as token ids counts one a token. Content parts other than text
+    (images, audio) cost what the provider decides: refused."""
+    total, rest = PROMPT_TOKENS_PER_REQUEST, dict(body)
+    if endpoint == "chat":
+        messages = rest.pop("messages", None)
+        messages = messages if isinstance(messages, list) else [messages]
+        for m in messages:
+            parts = m.get("content") if isinstance(m, dict) else None
+            if isinstance(parts, list) and any(not isinstance(p, dict) or p.get("type") != "text"
+                                               for p in parts):
+                raise _Refusal(400, "only text content parts are supported through the gateway (what an "
+                               "image or audio part costs has no bound the budget can hold)",
+                               "invalid_request_error", "unsupported_content")
+            total += PROMPT_TOKENS_PER_MESSAGE + _json_bytes(m)
+    else:
+        prompt = rest.pop("prompt", None)
+        ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
+        prompts = prompt if isinstance(prompt, list) and not ids else [prompt]
+        for p in prompts:
+            ids = isinstance(p, list) and all(isinstance(t, int) for t in p)
+            total += PROMPT_TOKENS_PER_MESSAGE + (len(p) if ids else _json_bytes(p))
+    if rest.get("tools") or rest.get("functions"):
+        total += PROMPT_TOKENS_FOR_TOOLS
+    return total + _json_bytes(rest)
 
 
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
@@ -611,34 +706,37 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _limit(body: dict[str, Any], room: int | None) -> int:
-    """Check `n` and the completion caps, cap the completion at the budget's `room` (shared among the
-    choices), and give the completion tokens the request holds while in flight."""
+def _limit(body: dict[str, Any], room: int | None, prompt: int, budget: str) -> int:
+    """Check `n` and the completion caps, cap the completion at the budget's `room` (completion tokens
+    left once the prompt's bound is taken off; None: no limit) shared among the choices, and give the
+    completion tokens the request holds while in flight. Under a budget the cap is always imposed (as
+    `max_tokens`, `CAP_UNASKED` when none was asked), so that nothing past it can be written."""
     for key in ("n_predict", "best_of"):  # llama.cpp's own cap, vLLM's hidden choices: neither metered
         if body.get(key) is not None and body.get(key) != 1:
             raise _Refusal(400, f"'{key}' is not supported by the gateway (use max_tokens and n)",
                            "invalid_request_error", "unsupported_parameter")
+    if "chat_template" in body:  # vLLM's template of the request's own: a program that can repeat the text
+        raise _Refusal(400, "'chat_template' is not supported by the gateway (its prompt could not be "
+                       "bounded)", "invalid_request_error", "unsupported_parameter")
     n = _positive_int(body, "n") or 1
-    prompt = body.get("prompt")  # text completions take a batch of prompts: `n` choices each
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        n *= len(prompt)
+    prompts = body.get("prompt")  # text completions take a batch of prompts: `n` choices each
+    if isinstance(prompts, list) and prompts and all(isinstance(p, str | list) for p in prompts):
+        n *= len(prompts)
     if n > MAX_CHOICES:
         raise _Refusal(400, f"'n' (times the prompts of a batch) is at most {MAX_CHOICES} through the "
                        "gateway", "invalid_request_error", "invalid_value")
-    if body.get("echo") is True and body.get("max_tokens") == 0:  # the prompt's log-probabilities alone
+    echo = body.get("echo") is True and body.get("max_tokens") == 0  # the prompt's log-probabilities alone
+    caps = {} if echo else {k: v for k in ("max_tokens", "max_completion_tokens")
+                            if (v := _positive_int(body, k))}
+    if room is not None and room < (0 if echo else n):
+        raise _Refusal(429, f"budget exceeded: this request may take {prompt:,} prompt tokens (a bound: "
+                       f"the bytes of its text) and {0 if echo else n} completion token(s) at the least, "
+                       f"more than what remains of {budget} besides what its requests in flight hold",
+                       "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
+    if echo or room is None:
         return 0
-    caps = {k: v for k in ("max_tokens", "max_completion_tokens") if (v := _positive_int(body, k))}
-    asked = min(caps.values()) if caps else None
-    if room is None:
-        return 0
-    share = room // n
-    if share < 1:
-        raise _Refusal(429, f"budget exceeded: what remains of the run's budget ({max(room, 0):,} tokens) "
-                       f"is held by its requests in flight or is less than the {n} choice(s) asked",
-                       "budget_exceeded", "budget_exceeded")
-    if asked is None and share > CAP_UNASKED:
-        return CAP_UNASKED * n  # held, not imposed: a long answer may still overshoot by a little
-    cap = share if asked is None else min(asked, share)
+    asked = min(caps.values()) if caps else CAP_UNASKED
+    cap = min(asked, room // n)
     for key in caps or ("max_tokens",):
         body[key] = cap
     return cap * n

@@ -13,13 +13,14 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,16 @@ class UsageLog:
     def held(self, grant: str | None = None) -> tuple[int, float]:
         with self._lock:
             return self._held.get(grant, (0, 0.0))
+
+    def reserve(self, grant: str | None, decide: Callable[[Totals, int, float], tuple[int, float, T]]) -> T:
+        """Check and hold in one step, so that requests checked at once cannot all pass on the same
+        remainder: `decide(spent, held_tokens, held_usd)` gives the tokens and dollars to hold (or raises,
+        and nothing is held) and a result handed back."""
+        with self._lock:
+            tokens0, usd0 = self._held.get(grant, (0, 0.0))
+            tokens, usd, result = decide(self._by_grant.get(grant, Totals()), tokens0, usd0)
+            self._held[grant] = (tokens0 + tokens, usd0 + usd)
+        return result
 
     def rows(self) -> list[dict[str, Any]]:
         """Every readable row of the file, oldest first."""

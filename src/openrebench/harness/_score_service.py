@@ -10,8 +10,11 @@ scoring did; a failure of the harness is reported as such, without its details.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import resource
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -21,6 +24,11 @@ from . import _score_client
 
 MAX_REQUEST = 4096  # bytes of one request line on the scoring socket
 REQUEST_TIMEOUT_S = 30.0
+# Connections of one run served at once (`score` asks one at a time; a queue of scorings fits): more wait
+# in the kernel's listen queue, unaccepted, holding no descriptor of the harness's, which every run and
+# the model gateway share (a flood of one run's socket must not leave another run none to score with).
+MAX_CONNECTIONS = 16
+BACKLOG = 64
 SCORE_FAILED = ("Invalid: infrastructure failure (the harness failed while scoring), not caused "
                 "by your solution; the details are in the harness's log.")
 LOG_FAILED = "the score log cannot be read right now (infrastructure failure)"
@@ -59,16 +67,60 @@ class ScoringService:
     def __init__(self, score: Callable[[], Awaitable[str]], log: Callable[[], str]) -> None:
         self._score = score
         self._log = log
-        self.server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._serving: set[asyncio.Task[None]] = set()
+        self.connections = 0  # served now, at most MAX_CONNECTIONS
 
     async def start(self, sock: Path) -> None:
         """Listen on `sock`, which every uid may use (the agent's may differ from the harness's)."""
-        self.server = await asyncio.start_unix_server(self._handle, path=str(sock), limit=MAX_REQUEST)
+        raise_fd_limit()
+        if sock.is_socket():
+            sock.unlink()  # a stale socket of an earlier harness
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.setblocking(False)
+        listener.bind(str(sock))
+        listener.listen(BACKLOG)
         sock.chmod(0o777)
+        self._listener = listener
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(listener, MAX_CONNECTIONS))
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for task in [self._accepting, *self._serving]:
+            if task is not None:
+                task.cancel()
+        if self._listener is not None:
+            self._listener.close()
+
+    async def _accept(self, listener: socket.socket, limit: int) -> None:
+        """Accept a connection only while fewer than `limit` are served (a slot frees when one is answered
+        or times out)."""
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(limit)
+        while True:
+            await slots.acquire()
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as e:  # EMFILE and the like: the harness's trouble, tried again shortly
+                slots.release()
+                logger.warning("the scoring socket could not accept a connection: %s", e)
+                await asyncio.sleep(0.5)
+                continue
+            task = loop.create_task(self._serve(conn, slots))
+            self._serving.add(task)  # held: the loop keeps only weak references to tasks
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, conn: socket.socket, slots: asyncio.Semaphore) -> None:
+        self.connections += 1
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_REQUEST)
+        except OSError:
+            conn.close()
+        else:
+            await self._handle(reader, writer)
+        finally:
+            self.connections -= 1
+            slots.release()
 
     async def _answer(self, reader: asyncio.StreamReader) -> str:
         try:
@@ -97,8 +149,21 @@ class ScoringService:
         try:
             text = await self._answer(reader)
             writer.write(json.dumps({"text": text}).encode())
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
         except (OSError, asyncio.IncompleteReadError):
             pass  # the client went away: nothing to answer to
+        except TimeoutError:
+            writer.transport.abort()  # it does not read its answer: it holds the slot no longer
         finally:
             writer.close()
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft limit of open descriptors to its hard limit: every run's scoring socket
+    (MAX_CONNECTIONS each), the model gateway's sockets (their own caps per grant), scorings and sandboxes
+    share it, and the usual soft limit of 1024 leaves no headroom for a few runs at their caps."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # the kernel's usual nr_open
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

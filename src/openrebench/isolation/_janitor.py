@@ -53,9 +53,12 @@ def _start() -> tuple[int, Any]:
     of the harness (a scorer's process-tree accounting, run in the harness's process by tests, would
     count it as left running) and, in a session of its own, out of reach of the terminal's Ctrl-C."""
     read, write = os.pipe()
+    # The pipe becomes the janitor's stdin in Python, not by the shell's `<&N`: dash takes one digit there,
+    # and the harness's descriptors often pass 9.
+    boot = (f"import os, runpy; os.dup2({read}, 0); os.close({read}); "
+            "runpy.run_module('openrebench.isolation._janitor', run_name='__main__', alter_sys=True)")
     shell = subprocess.Popen(
-        ["/bin/sh", "-c", f'"$0" -m openrebench.isolation._janitor <&{read} >/dev/null 2>&1 & echo $!',
-         sys.executable],
+        ["/bin/sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, boot],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, pass_fds=(read,), start_new_session=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     out, _ = shell.communicate()

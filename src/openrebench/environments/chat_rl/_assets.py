@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -222,8 +223,11 @@ def _data(spec: TierSpec[ChatRLParams], cache_dir: Path, tokenizer_dir: Path) ->
     def build(partial: Path, deadline: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         with stage("instructions"):
             examples = _examples(spec, partial / "work", chat_lm.ChatTokenizer(tokenizer_dir))
+            # The split is drawn afresh for each build and never written down: the dictionary and this
+            # code are public, so a fixed seed would tell an agent which words are held out.
             sets = data.split_examples(
-                examples, seed=0, n_heldout=p.n_heldout, n_sft=p.n_sft, n_train=p.n_train_prompts
+                examples, seed=secrets.randbits(31), n_heldout=p.n_heldout, n_sft=p.n_sft,
+                n_train=p.n_train_prompts
             )
         if len(sets["heldout"]) < p.n_heldout or len(sets["train"]) < p.n_train_prompts:
             raise OpenRebenchError(
@@ -528,7 +532,7 @@ def _reference_scores(built: Built, access: ModelAccess, out: Path, workers: int
         tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
         raise OpenRebenchError(f"chat_rl: the judge could not score the reference answers: {tail[0][:300]}")
     scores = json.loads(out.read_text())
-    failed = {k: sum(v is None for v in values) for k, values in scores.items()}
+    failed = {k: sum(v is None for v in scores[k]) for k in ("base", "sft")}
     if any(failed.values()):
         raise OpenRebenchError(f"chat_rl: the judge failed on some reference answers ({failed})")
     return {"failed": failed}

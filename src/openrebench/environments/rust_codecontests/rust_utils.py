@@ -7,9 +7,11 @@ it ends or runs out of time (with whatever it forked and moved out of the group 
 pipes), with an environment of PATH (and TMPDIR for rustc) and nothing else of the caller's, so no
 keys; stdin from us, stdout capped, rlimits set in the child. Reading the held-out file is what `prefix`
 is for: the scorer passes a `setpriv` command that drops to an unprivileged uid, so neither
-`include_str!` at compile time nor the program at run time can open a root-only file. Left to the
-sandbox around it: rustc's memory (capped only loosely, COMPILE_DATA_BYTES), and a forked process that
-left the group and closed our pipes.
+`include_str!` at compile time nor the program at run time can open a root-only file. With `cgroup` (the
+scorer's: an object with `child(name)`, `enter_prefix()` and `close()`), each test's program runs in a
+cgroup of its own, killed whole when the test ends: a process it forked, moved to a session of its own and
+detached from our pipes does not outlive its test either. Without one, that process is left to the
+sandbox around it, as is rustc's memory (capped only loosely, COMPILE_DATA_BYTES).
 
 Verdicts follow contest judges: stdout compared after trimming (`outputs_match`), a non-zero exit is a
 runtime error even when the output is right, and the wall-clock limit is the problem's time limit.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import math
 import os
 import re
@@ -232,14 +235,31 @@ def _kill_pipe_holders(inodes: set[int]) -> None:
                         os.kill(int(entry.name), signal.SIGKILL)
 
 
+_GROUP_IDS = itertools.count()
+
+
+def _own_group(cgroup: Any) -> Any:
+    """A fresh sub-group of `cgroup` for one command, or None (no cgroup given, or none can be made)."""
+    if cgroup is None:
+        return None
+    try:
+        return cgroup.child(f"cmd-{os.getpid()}-{next(_GROUP_IDS)}")
+    except OSError:
+        return None
+
+
 async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: float, limits: dict[int, int],
-                       env: dict[str, str], cwd: Path, stdout_limit: int) -> _Finished:
+                       env: dict[str, str], cwd: Path, stdout_limit: int, cgroup: Any = None) -> _Finished:
     """Run argv in a new session under `limits`, feeding stdin while reading stdout (at most stdout_limit
     bytes: one more and the group is killed) and the head of stderr. The group is killed at timeout_s,
-    and also as soon as the command ends: nothing it started outlives it, nor keeps our pipes open.
-    stdout and stderr are our own pipes (not asyncio's PIPE) so that we know their inodes, and so that
-    wait() means the process's exit on every Python version."""
+    and also as soon as the command ends: nothing it started outlives it, nor keeps our pipes open. With
+    `cgroup`, the command runs in a sub-group of it, killed whole at the end (what left the session and
+    closed our pipes included). stdout and stderr are our own pipes (not asyncio's PIPE) so that we know
+    their inodes, and so that wait() means the process's exit on every Python version."""
     loop = asyncio.get_running_loop()
+    group = _own_group(cgroup)
+    if group is not None:
+        argv = [*group.enter_prefix(), *argv]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     inodes = {os.fstat(out_r).st_ino, os.fstat(err_r).st_ino}
@@ -253,6 +273,8 @@ async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: f
     except BaseException:
         os.close(out_r)
         os.close(err_r)
+        if group is not None:
+            group.close()
         raise
     finally:
         os.close(out_w)
@@ -307,6 +329,8 @@ async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: f
         for task in tasks:
             task.cancel()
         _killpg(proc.pid)
+        if group is not None:
+            await loop.run_in_executor(None, group.close)
         for transport in transports:
             transport.close()
     return _Finished(
@@ -397,7 +421,7 @@ class TestOutcome:
 async def run_test(binary: Path, input_text: str, expected: str, *, timeout_s: float, memory_bytes: int,
                    prefix: Sequence[str] = (), nproc: int | None = None, fsize_bytes: int = 0,
                    nofile: int = 64, stack_bytes: int = 64 << 20, output_limit_bytes: int = 16 << 20,
-                   cwd: Path | None = None) -> TestOutcome:
+                   cwd: Path | None = None, cgroup: Any = None) -> TestOutcome:
     """Run `binary` on one test and judge it.
 
     Limits, set in the child before exec (through `prefix`, which execs the program): address space
@@ -421,7 +445,7 @@ async def run_test(binary: Path, input_text: str, expected: str, *, timeout_s: f
     try:
         done = await _run_limited([*prefix, str(binary)], stdin=input_text.encode("utf-8"),
                                   timeout_s=timeout_s, limits=limits, env={"PATH": RUN_PATH},
-                                  cwd=cwd or binary.parent, stdout_limit=output_limit_bytes)
+                                  cwd=cwd or binary.parent, stdout_limit=output_limit_bytes, cgroup=cgroup)
     except OSError as e:
         return TestOutcome("runtime_error", 0.0, None, f"could not start the program: {e}")
     stderr = done.stderr.decode("utf-8", "replace")
@@ -477,12 +501,13 @@ class ProgramResult:
 
 async def evaluate_program(source: str, tests: Sequence[tuple[str, str]], *, workdir: Path,
                            time_limit_s: float, memory_bytes: int, compile_timeout_s: float = 30,
-                           prefix: Sequence[str] = (), stop_on_failure: bool = True, rustc: str | None = None
-                           ) -> ProgramResult:
+                           prefix: Sequence[str] = (), stop_on_failure: bool = True, rustc: str | None = None,
+                           cgroup: Any = None) -> ProgramResult:
     """Compile `source` as given (call extract_rust first on a model's reply) in workdir and run it on
     (input, expected output) tests in order, each with run_test's limits; the first failure ends it
     when stop_on_failure. Safe to run many at once under asyncio.gather, each in its own workdir.
-    A source without `fn main(` fails as a compile error without running rustc."""
+    A source without `fn main(` fails as a compile error without running rustc. `cgroup`: see run_test.
+    """
     total = len(tests)
     if not _MAIN.search(source):
         return ProgramResult(False, 0, total, False, "compile_error", None,
@@ -494,7 +519,7 @@ async def evaluate_program(source: str, tests: Sequence[tuple[str, str]], *, wor
     result = ProgramResult(True, 0, total, False, None, None, "", round(compiled.seconds, 3))
     for i, (input_text, expected) in enumerate(tests, 1):
         outcome = await run_test(compiled.binary, input_text, expected, timeout_s=time_limit_s,
-                                 memory_bytes=memory_bytes, prefix=prefix, cwd=workdir)
+                                 memory_bytes=memory_bytes, prefix=prefix, cwd=workdir, cgroup=cgroup)
         result.outcomes.append(outcome)
         if outcome.passed:
             result.passed += 1

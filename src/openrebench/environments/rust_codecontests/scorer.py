@@ -8,7 +8,10 @@ with rustc (edition 2018) and runs it on the problem's public, private and gener
 program and each compile as an unprivileged uid with CPU, memory, process, file-size and output limits,
 in a folder of its own: neither can read the held-out file (root-only), and no test's expected output
 is ever in a file or a process they can reach. A problem is solved when its program passes every test
-(stdout compared after trimming whitespace at both ends).
+(stdout compared after trimming whitespace at both ends). Where the scorer has a cgroup for the solution
+(`solution_cgroup`), the scaffold's host and each test's program run in sub-groups of their own, killed
+whole when the host is done and when the test ends: a process a program forks into a session of its own,
+its pipes closed, does not live on to see the next test's input.
 
 The agent is told counts only: its scaffold saw held-out problems, so nothing it raised or printed
 while answering them (which could quote them) reaches the message; `evaluate.py` on the validation
@@ -34,6 +37,7 @@ from openrebench.api import (
     SolutionError,
     SolutionProcess,
     TierSpec,
+    solution_cgroup,
     solution_prefix,
     solution_uid,
 )
@@ -58,8 +62,18 @@ def grace_s(batch_timeout_s: float) -> float:
     return 5.0 + 0.1 * batch_timeout_s
 
 
-def _start_host(solution: Path, params: RustCodecontestsParams) -> SolutionProcess | str:
-    host = SolutionProcess(HOST, solution)
+def _sub_group(group: Any, name: str) -> Any:
+    """A fresh sub-group of the solution's cgroup, or None where there is none (or none can be made)."""
+    if group is None:
+        return None
+    try:
+        return group.child(f"{name}-{os.getpid()}-{time.monotonic_ns()}")
+    except OSError:
+        return None
+
+
+def _start_host(solution: Path, params: RustCodecontestsParams, group: Any = None) -> SolutionProcess | str:
+    host = SolutionProcess(HOST, solution, cgroup=_sub_group(group, "scaffold"))
     try:
         host.receive(params.import_timeout_s, "importing solve_code_contests_rust.py")
     except SolutionError as e:
@@ -101,12 +115,12 @@ def _end_solution_processes() -> None:
                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
 
 
-def generate_answers(params: RustCodecontestsParams, solution: Path, problems: list[dict[str, Any]]
-                     ) -> list[dict[str, Any]] | str:
+def generate_answers(params: RustCodecontestsParams, solution: Path, problems: list[dict[str, Any]],
+                     group: Any = None) -> list[dict[str, Any]] | str:
     """The scaffold's answer to every problem, batch by batch; a one-line reason where the module cannot
     be loaded at all. A batch whose host hangs or dies counts as unanswered, and the next batch gets a
     fresh host."""
-    host = _start_host(solution, params)
+    host = _start_host(solution, params, group)
     if isinstance(host, str):
         return host
     answers: list[dict[str, Any]] = []
@@ -114,7 +128,7 @@ def generate_answers(params: RustCodecontestsParams, solution: Path, problems: l
         for start in range(0, len(problems), params.batch_size):
             batch = problems[start:start + params.batch_size]
             if host is None:
-                started = _start_host(solution, params)
+                started = _start_host(solution, params, group)
                 if isinstance(started, str):  # it loaded before: the batch failed, not loading
                     answers += [{"status": "host_failed"}] * len(batch)
                     continue
@@ -138,7 +152,7 @@ def generate_answers(params: RustCodecontestsParams, solution: Path, problems: l
 
 
 async def _judge(source: str, problem: dict[str, Any], params: RustCodecontestsParams, prefix: list[str],
-                 slots: asyncio.Semaphore) -> str:
+                 slots: asyncio.Semaphore, group: Any = None) -> str:
     async with slots:
         workdir = Path(tempfile.mkdtemp(prefix="rcc-"))
         try:
@@ -147,7 +161,7 @@ async def _judge(source: str, problem: dict[str, Any], params: RustCodecontestsP
             result = await rust_utils.evaluate_program(
                 source, rust_utils.problem_tests(problem), workdir=workdir,
                 time_limit_s=float(problem["time_limit_s"]), memory_bytes=int(problem["memory_limit_bytes"]),
-                compile_timeout_s=params.compile_timeout_s, prefix=prefix)
+                compile_timeout_s=params.compile_timeout_s, prefix=prefix, cgroup=group)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     if not result.compiled:
@@ -156,14 +170,14 @@ async def _judge(source: str, problem: dict[str, Any], params: RustCodecontestsP
 
 
 async def judge_all(answers: list[dict[str, Any]], problems: list[dict[str, Any]],
-                    params: RustCodecontestsParams) -> list[str]:
+                    params: RustCodecontestsParams, group: Any = None) -> list[str]:
     prefix = _program_prefix()
     slots = asyncio.Semaphore(params.test_workers)
 
     async def one(answer: dict[str, Any], problem: dict[str, Any]) -> str:
         if answer["status"] != "answered":
             return answer["status"]
-        return await _judge(answer["source"], problem, params, prefix, slots)
+        return await _judge(answer["source"], problem, params, prefix, slots, group)
 
     return list(await asyncio.gather(*(one(a, p) for a, p in zip(answers, problems, strict=True))))
 
@@ -175,12 +189,17 @@ def score(spec: TierSpec[RustCodecontestsParams], solution: Path, protected: Pat
                                    "on the host), not caused by your solution.", infrastructure=True)
     problems = read_jsonl(protected / TEST_FILE)
     t0 = time.monotonic()
-    answers = generate_answers(params, solution, problems)
-    if isinstance(answers, str):
-        return ScoreResult.invalid(f"Invalid: {answers}")
-    t1 = time.monotonic()
-    outcomes = asyncio.run(judge_all(answers, problems, params))
-    t2 = time.monotonic()
+    group = solution_cgroup()
+    try:
+        answers = generate_answers(params, solution, problems, group)
+        if isinstance(answers, str):
+            return ScoreResult.invalid(f"Invalid: {answers}")
+        t1 = time.monotonic()
+        outcomes = asyncio.run(judge_all(answers, problems, params, group))
+        t2 = time.monotonic()
+    finally:
+        if group is not None:
+            group.close()
     n, solved = len(problems), outcomes.count("solved")
     p = solved / n
     se = math.sqrt(p * (1 - p) / n)

@@ -1,0 +1,106 @@
+"""Defences the adversarial suite can switch off in-process, to show that their attacks are real.
+
+Each switch replaces, for one pytest session, the code or constant that makes one defence (in the test
+process: the scorers called here and the harness pieces the attacks drive). `pytest tests/redteam
+--defences-off NAME` runs only the attacks marked `defence=NAME`, which then work; benchmarks/redteam.py
+`--defences-off` records one such run per switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Switch:
+    what: str  # the defence, in a few words
+    switch_off: Callable[[pytest.MonkeyPatch], None]
+
+
+def _isolated_host_start(mp: pytest.MonkeyPatch) -> None:
+    """Solution hosts start as before class 1 (`python -m`): the working directory, the solution's folder,
+    first on the import path, site and PYTHON* variables honoured."""
+    from openrebench.api import _protocol
+
+    mp.setattr(_protocol, "HOST_START", ("-B", "-m"))
+
+
+def _snapshot_counting(mp: pytest.MonkeyPatch) -> None:
+    """The snapshot counts as before invariant 7: only folders and regular files are entries (links, FIFOs
+    and sockets are free), a file's bytes only as they are read, and each folder is listed whole first."""
+    import os
+    import stat
+
+    from openrebench.runs import _scoring
+
+    mp.setattr(_scoring, "_cost", lambda st: (int(stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)), 0))
+    mp.setattr(_scoring, "_list_names", lambda fd, room: sorted(os.listdir(fd)))
+
+
+def _per_test_cgroup(mp: pytest.MonkeyPatch) -> None:
+    """rust_codecontests' programs and scaffold host run without cgroups of their own (as before)."""
+    from openrebench.environments.rust_codecontests import rust_utils, scorer
+
+    mp.setattr(rust_utils, "_own_group", lambda cgroup: None)
+    mp.setattr(scorer, "_sub_group", lambda group, name: None)
+
+
+def _gateway_reservation(mp: pytest.MonkeyPatch) -> None:
+    """The gateway reserves no prompt tokens: only each request's completion cap is held against the
+    budget, so a prompt is spent past it (before invariant 6, a guess of bytes / 4 was held)."""
+    from openrebench.gateway import _server
+
+    mp.setattr(_server, "prompt_bound", lambda endpoint, body: 0)
+
+
+def _bounded_rows(mp: pytest.MonkeyPatch) -> None:
+    """Rows as before invariant 5's bounds: the message, details and the harness's error texts whole, and
+    texts JSON cannot write (lone surrogates) not escaped."""
+    from openrebench.runs import _score_log, _scoring
+
+    for module in (_score_log, _scoring):
+        mp.setattr(module, "bound_row", lambda row: row)
+    mp.setattr(_scoring, "bound_text", lambda text, limit=0: text)
+
+
+def _own_reserve(mp: pytest.MonkeyPatch) -> None:
+    """No blocks kept past the end of the score log: a full disk is met by freeing the reserve file alone,
+    whose blocks any run's writes can take."""
+    from openrebench.runs import _score_log
+
+    mp.setattr(_score_log, "_keep_tail", lambda fd: False)
+
+
+def _fresh_line(mp: pytest.MonkeyPatch) -> None:
+    """A row is appended right after a torn one, on its line."""
+    from openrebench.runs import _score_log
+
+    mp.setattr(_score_log, "_fresh_line", lambda fd: b"")
+
+
+def _score_socket_cap(mp: pytest.MonkeyPatch) -> None:
+    """A run's score socket accepts every connection at once."""
+    from openrebench.harness import _score_service
+
+    mp.setattr(_score_service, "MAX_CONNECTIONS", 1 << 30)
+
+
+SWITCHES: dict[str, Switch] = {
+    "gateway-reservation": Switch("the gateway holds each request's prompt (its bytes bound its tokens) "
+                                  "with its completion cap before forwarding it", _gateway_reservation),
+    "bounded-rows": Switch("score-log rows bounded (message, details, texts) to fit the disk reserve",
+                           _bounded_rows),
+    "fresh-line": Switch("a row after a torn one starts on a fresh line", _fresh_line),
+    "isolated-host-start": Switch("solution hosts start with python -I, the workspace off the path",
+                                  _isolated_host_start),
+    "own-reserve": Switch("each score log keeps its reserve allocated past its own end", _own_reserve),
+    "per-test-cgroup": Switch("each rust_codecontests test's program, and the scaffold's host, in a cgroup "
+                              "of its own, killed whole when it ends", _per_test_cgroup),
+    "score-socket-cap": Switch("a run's score socket serves at most MAX_CONNECTIONS connections at once",
+                               _score_socket_cap),
+    "snapshot-counting": Switch("every snapshot entry counts, a file at its apparent size, folders streamed",
+                                _snapshot_counting),
+}
