@@ -325,3 +325,33 @@ def test_a_set_up_without_the_judge_is_one_line_before_anything_is_built(tmp_pat
     with pytest.raises(OpenRebenchError, match=r"with its models \(judge\), and none were given"):
         start_run("chat_rl", "mini", tmp_path / "run", score_start=False)
     assert not (tmp_path / "run").exists() and not list(tmp_path.iterdir())
+
+
+def test_each_instruction_kind_is_told_apart() -> None:
+    assert data.family_of('What part of speech is the word "oak"?') == "part"
+    assert {data.family_of(t.format(w="oak")) for t in data.DEFINE} == {"define"}
+    assert data.family_of("Do you like music?") == "chat"
+
+
+def test_the_probes_answer_without_the_question_and_are_learned_by_the_base_model(
+        tiny: Any, lm_home: Path, lm_sources: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each probe's answer depends on nothing of the question but its kind (or copies it); the base model
+    finetuned on the training prompts answers a held-out instruction with the fixed sentence."""
+    spec, built = tiny
+    a, b = 'What does the word "oak" mean?', 'Define the word "elm".'
+    for name in _assets.PROBES:
+        if name == "the instruction copied":
+            assert _assets.probe_answer(name, a) == a
+        else:
+            assert _assets.probe_answer(name, a) == _assets.probe_answer(name, b)
+    monkeypatch.setenv("OPENREBENCH_SOURCES", str(lm_sources))
+    monkeypatch.setenv("OPENREBENCH_HOME", str(lm_home))
+    monkeypatch.setattr(_assets, "PROBE_LR", 3e-3)  # the tiny model learns slowly
+    spec = spec.model_copy(update={"params": spec.params.model_copy(update={"probe_steps": 200})})
+    folder = _assets.build_probe(spec, lm_home, "one fixed sentence")
+    model = chat_lm.load_model(folder)
+    held = [r["instruction"] for r in chat_lm.read_jsonl(built.answers / "heldout.jsonl")][:2]
+    answers = chat_lm.generate(model, chat_lm.ChatTokenizer(built.tokenizer), held, max_new_tokens=8,
+                               temperature=0)
+    fixed = _assets.probe_answer("one fixed sentence", "")
+    assert all(x.startswith("It is") for x in answers), (answers, fixed)  # 8 tokens at most here

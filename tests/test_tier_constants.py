@@ -132,3 +132,24 @@ def test_a_tier_with_models_is_calibrated_per_model() -> None:
     assert (mine.start, mine.reference) == (0.0, 0.4) and "with task_model=openai/gpt-4o-mini" in mine.source
     again = constants_for(env, "mini", hardware)  # the default model's runs do not take it
     assert (again.start, again.reference) == (default.start, default.reference)
+
+
+def test_calibration_scores_the_probes_beside_start_and_reference() -> None:
+    """Probes (solutions that game the scorer) are scored after the start and the reference and kept in
+    the record; one whose every scoring is invalid is counted as such and does not end the calibration."""
+    from openrebench.runs._calibration import calibrate
+
+    env = get_environment("chat_rl")
+    asked: list[str] = []
+    values = {"start": 0.4, "reference": 0.7, "probe:fixed": 0.2, "probe:broken": None}
+
+    def score_once(which: str) -> tuple[float | None, str]:
+        asked.append(which)
+        return values[which], "Invalid: broken." if values[which] is None else "Valid."
+
+    record = calibrate(env, "mini", 2, score_once=score_once, command="test", probes=["fixed", "broken"],
+                       probe_repeats=3)
+    assert asked == ["start"] * 2 + ["reference"] * 2 + ["probe:fixed"] * 3 + ["probe:broken"] * 3
+    assert record.probes["fixed"].values == [0.2] * 3 and "broken" not in record.probes
+    assert record.invalid == {"probe:broken": 3}
+    assert (record.start.median, record.reference.median) == (0.4, 0.7)

@@ -90,6 +90,9 @@ class CalibrationRecord(BaseModel):
     # The model per role the scorings called, for tiers that declare models: their score depends on the
     # model as much as on the hardware (a record is this machine's and these models').
     models: dict[str, str] = {}
+    # Raw scores of the environment's probes (`Environment.probes`: solutions that game the scorer without
+    # doing the task), beside the start's and the reference's: none should come near the start.
+    probes: dict[str, Stats] = {}
     measured_at: datetime
     command: str
     package_version: str

@@ -282,6 +282,16 @@ class Environment(ABC, Generic[P]):
         self.tier(tier)
         return RunFiles()
 
+    def probes(self, tier: str, cache_dir: Path) -> dict[str, list[Placement]]:  # an optional hook
+        """Degenerate solutions that `openrebench calibrate` scores beside the start and the reference:
+        the environment's known ways to game its scorer without doing the task (chat_rl: models that
+        answer every question the same way). Name: the files that make it, written over a run's
+        workspace after its own. A probe scoring near or above the start says the scorer can be gamed;
+        the record keeps them so that anyone can see it. May build (and cache) what it needs. The
+        default: none."""
+        self.tier(tier)
+        return {}
+
     @property
     def builds_shipped_data(self) -> bool:
         """Whether this environment implements `build_shipped` (`openrebench build` refuses it otherwise)."""

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from openrebench.api import show_progress
+from openrebench.base import cache_dir
 from openrebench.runs import calibrate_environment
 
 from ._common import (
@@ -40,8 +41,12 @@ def calibrate(
     ship: Annotated[bool, typer.Option(
         "--ship", help="Also write the record into the environment's calibration/ folder, which the package "
                        "ships.")] = False,
+    probe_repeats: Annotated[int, typer.Option(
+        min=0, help="Scorings of each of the environment's probes (solutions that game the scorer without "
+                    "doing the task, e.g. chat_rl's question-independent answers); 0: none.")] = 1,
 ) -> None:
-    """Score the starting and reference solutions N times on this machine; save a calibration record."""
+    """Score the starting and reference solutions N times on this machine, and the environment's probes;
+    save a calibration record."""
     from rich.progress import Progress
 
     from openrebench.runs import save_record, shipped_calibration_dir, user_calibration_dir
@@ -53,7 +58,9 @@ def calibrate(
     if ship:  # before minutes of scoring, not after
         check_writable(shipped, f"{env.id}'s calibration folder", SHIP_HINT)
     with Progress(console=console) as progress, show_progress(console):
-        task = progress.add_task(f"calibrating {env_id} ({tier})", total=2 * repeats)
+        n_probes = len(env.probes(tier, cache_dir())) if probe_repeats else 0
+        task = progress.add_task(f"calibrating {env_id} ({tier})",
+                                 total=2 * repeats + n_probes * probe_repeats)
 
         def on_progress(which: str, i: int, raw: float | None, message: str) -> None:
             progress.advance(task)
@@ -62,14 +69,23 @@ def calibrate(
 
         record = calibrate_environment(env_id, tier, repeats, on_progress=on_progress,
                                        command=shlex.join(["openrebench", *sys.argv[1:]]),
-                                       access=models_access(env_id, tier, overrides), models=overrides)
+                                       access=models_access(env_id, tier, overrides), models=overrides,
+                                       probe_repeats=probe_repeats)
     table = Table(title=f"{env_id} ({tier}) on {record.hardware_key}")
     for col in ("solution", "n", "mean", "median", "sd", "CV"):
         table.add_column(col, justify="right")
-    for which, stats in (("start", record.start), ("reference", record.reference)):
+    rows = [("start", record.start), ("reference", record.reference),
+            *((f"probe: {name}", stats) for name, stats in record.probes.items())]
+    for which, stats in rows:
         table.add_row(which, str(len(stats.values)), f"{stats.mean:.4f}", f"{stats.median:.4f}",
                       f"{stats.sd:.4f}", f"{stats.cv:.2%}")
     console.print(table)
+    sign = 1 if env.direction == "max" else -1
+    gamed = [name for name, stats in record.probes.items()
+             if sign * (stats.median - record.start.median) >= 0]
+    if gamed:
+        err.print(f"[bold red]warning:[/] probes that do not do the task scored at or beyond the start: "
+                  f"{', '.join(gamed)} (the scorer can be gamed this way)")
     if record.invalid:
         err.print(f"[yellow]warning:[/] invalid scorings: {record.invalid}")
     path = save_record(record, user_calibration_dir(env.id))

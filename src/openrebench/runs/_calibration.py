@@ -8,7 +8,7 @@ with the choice written down in the constants' `source`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -104,12 +104,14 @@ ProgressFn = Callable[[str, int, float | None, str], None]
 
 def calibrate(env: Environment, tier: str, repeats: int, *,
               score_once: Callable[[str], tuple[float | None, str]], command: str,
-              on_progress: ProgressFn | None = None, models: Mapping[str, str] | None = None
-              ) -> CalibrationRecord:
+              on_progress: ProgressFn | None = None, models: Mapping[str, str] | None = None,
+              probes: Sequence[str] = (), probe_repeats: int = 1) -> CalibrationRecord:
     """Score the starting and the reference solutions `repeats` times each (with `models`, for tiers
-    that declare models: the tier's defaults unless it says otherwise).
+    that declare models: the tier's defaults unless it says otherwise), then each of `probes` (see
+    `Environment.probes`) `probe_repeats` times; a probe always invalid is recorded as such, not fatal.
 
-    `score_once(which)` returns (raw score or None, message); `on_progress(which, i, raw, message)`.
+    `score_once(which)` returns (raw score or None, message), `which` being "start", "reference" or
+    "probe:NAME"; `on_progress(which, i, raw, message)`.
     """
     from openrebench import __version__
 
@@ -126,11 +128,24 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
                 on_progress(which, i + 1, raw, message)
         if not values[which]:
             raise OpenRebenchError(f"every scoring of the {which} solution was invalid on this machine")
+    probed: dict[str, Stats] = {}
+    for name in probes:
+        got: list[float] = []
+        for i in range(probe_repeats):
+            raw, message = score_once(f"probe:{name}")
+            if raw is None:
+                invalid[f"probe:{name}"] = invalid.get(f"probe:{name}", 0) + 1
+            else:
+                got.append(raw)
+            if on_progress:
+                on_progress(f"probe:{name}", i + 1, raw, message)
+        if got:
+            probed[name] = Stats.of(got)
     hardware = detect_hardware()
     return CalibrationRecord(
         env_id=env.id, env_version=env.version, tier=tier, hardware_key=hardware.key(env.tier(tier).device),
         hardware=hardware, start=Stats.of(values["start"]), reference=Stats.of(values["reference"]),
-        invalid={k: v for k, v in invalid.items() if v}, models=tier_models(env, tier, models),
+        probes=probed, invalid={k: v for k, v in invalid.items() if v}, models=tier_models(env, tier, models),
         measured_at=datetime.now(UTC), command=command,
         package_version=__version__,
     )

@@ -44,7 +44,7 @@ from openrebench.isolation._identity import allocate_uid, identity_files
 from openrebench.isolation._namespace import pid_namespace_prefix
 
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
-from ._files import install_reference, set_up_files
+from ._files import default_cache_dir, install_reference, place, set_up_files
 from ._normalise import normalise, paper_constants, paper_matched
 from ._registry import get_environment
 from ._run import Run, check_new_run_dir
@@ -664,23 +664,28 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
 
 def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, command: str,
                           on_progress: ProgressFn | None = None, access: ScoringAccessFn | None = None,
-                          models: Mapping[str, str] | None = None) -> CalibrationRecord:
-    """Score the starting and the reference solutions `repeats` times each, in throw-away runs, given
-    `access` (the tier's models, for environments that call one while scoring: see `score_run`)."""
+                          models: Mapping[str, str] | None = None, probe_repeats: int = 1
+                          ) -> CalibrationRecord:
+    """Score the starting and the reference solutions `repeats` times each, then each of the
+    environment's probes `probe_repeats` times (0: none), in throw-away runs, given `access` (the tier's
+    models, for environments that call one while scoring: see `score_run`)."""
     env = get_environment(env)
     env.tier(tier)
     with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
         runs: dict[str, Run] = {}
+        probes = env.probes(tier, default_cache_dir()) if probe_repeats else {}
 
         def score_once(which: str) -> tuple[float | None, str]:
             if which not in runs:
-                run, _ = start_run(env, tier, Path(tmp) / which, score_start=False, models=models,
-                                   access=access)
+                run, _ = start_run(env, tier, Path(tmp) / which.replace(":", "-").replace(" ", "-"),
+                                   score_start=False, models=models, access=access)
                 if which == "reference":
                     install_reference(run)
+                elif which.startswith("probe:"):
+                    place(probes[which.removeprefix("probe:")], run.workspace)
                 runs[which] = run
             row = score_run(runs[which], kind="calibration", charged=False, access=access)
             return row.raw, row.message
 
         return calibrate(env, tier, repeats, score_once=score_once, command=command, on_progress=on_progress,
-                         models=models)
+                         models=models, probes=list(probes), probe_repeats=probe_repeats)

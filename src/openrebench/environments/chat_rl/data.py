@@ -37,6 +37,15 @@ PART = 'What part of speech is the word "{w}"?'
 CHATTERBOT = ("chatterbot-corpus", "1.3.3")
 
 
+def family_of(instruction: str) -> str:
+    """The kind of a dictionary-tier instruction (as `Example.family`): part, define or chat."""
+    if re.fullmatch(re.escape(PART).replace(re.escape("{w}"), ".+"), instruction):
+        return "part"
+    if any(re.fullmatch(re.escape(t).replace(re.escape("{w}"), ".+"), instruction) for t in DEFINE):
+        return "define"
+    return "chat"
+
+
 @dataclass(frozen=True)
 class Example:
     instruction: str

@@ -209,6 +209,15 @@ class ChatRL(Environment[ChatRLParams]):
             reference=[Placement.copy(folder / "reference", "model")],
         )
 
+    def probes(self, tier: str, cache_dir: Path) -> dict[str, list[Placement]]:
+        """Models that answer every question the same way (or copy it): `_assets.PROBES`."""
+        from ._assets import PROBES, build_probe
+
+        spec = self.tier(tier)
+        if spec.params.data != "dictionary":
+            return {}  # the templates are the dictionary tier's kinds of instruction
+        return {name: [Placement.copy(build_probe(spec, cache_dir, name), "model")] for name in PROBES}
+
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score
 

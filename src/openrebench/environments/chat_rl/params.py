@@ -64,6 +64,9 @@ class ChatRLParams(BaseModel):
         )
     )
     judge_workers: int = Field(default=8, gt=0, description="Judge requests at once.")
+    probe_steps: int = Field(default=300, gt=0, description=(
+        "Finetuning steps that teach the base model a probe's policy (an answer that ignores the question: "
+        "`openrebench calibrate` scores these beside the start and the reference)."))
     start: Pipeline
     reference: Pipeline
     budget: str = Field(description="The agent's model budget, in words (for the instructions).")
