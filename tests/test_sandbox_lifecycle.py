@@ -35,7 +35,8 @@ HARNESS = textwrap.dedent("""
         (run.workspace / "solution.py").write_text(slow)
         box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
         first = await box.exec(["bash", "-c", "nohup sleep 600 >/dev/null 2>&1 & echo $!"])
-        second = await box.exec(["bash", "-c", "pgrep -x sleep"])
+        pid = first.stdout.strip()  # (not pgrep -x sleep: under load nohup may not have exec'd sleep yet)
+        second = await box.exec(["bash", "-c", f"kill -0 {pid} && echo {pid}"])
         scoring = asyncio.ensure_future(box.score())
         await asyncio.sleep(float(sys.argv[2]))
         machine = box.backend.machine

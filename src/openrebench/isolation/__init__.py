@@ -17,7 +17,7 @@ from ._bwrap import (
 )
 from ._cgroup import Cgroup
 from ._gpus import GpuLease, visible_gpus
-from ._janitor import process_alive
+from ._janitor import janitor_pid, process_alive
 
 __all__ = [
     "SANDBOX_UID",
@@ -31,6 +31,7 @@ __all__ = [
     "bwrap_command",
     "bwrap_usable",
     "forget_plugins",
+    "janitor_pid",
     "plugin_code",
     "plugin_folders",
     "process_alive",

@@ -38,7 +38,7 @@ import psutil
 import yaml
 
 from openrebench.api import RUN_CGROUP_ENV, ScoreResult, TierSpec, solution_prefix, solution_uid
-from openrebench.isolation import Cgroup
+from openrebench.isolation import Cgroup, janitor_pid
 
 from ._weights import Weights, WeightsError, check_architecture, distances, unchanged
 from .env import CONFIG, DATA, OUTPUT_DIR, Setup
@@ -122,10 +122,12 @@ def _alive(p: psutil.Process) -> bool:
 
 def _processes(session: int | None) -> list[psutil.Process]:
     """Live processes the run started (fallback without a cgroup): this process's descendants (and,
-    without a subreaper, anything left in the run's session)."""
+    without a subreaper, anything left in the run's session), but for this process's janitor, which a
+    subreaper inherits when the shell that started it exits."""
     found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.Error):
         found.update((p.pid, p) for p in psutil.Process().children(recursive=True))
+    found.pop(janitor_pid() or -1, None)
     for p in psutil.process_iter() if session is not None else []:
         with contextlib.suppress(psutil.Error, OSError):
             if p.pid != os.getpid() and os.getsid(p.pid) == session:
