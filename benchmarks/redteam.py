@@ -48,7 +48,8 @@ def pytest_collection_modifyitems(items):
         out[item.nodeid] = {"env": mark.kwargs.get("env") if mark else "?",
                             "cls": mark.kwargs.get("cls") if mark else "?",
                             "invariant": mark.kwargs.get("invariant") if mark else None,
-                            "defence": mark.kwargs.get("defence") if mark else None,
+                            "defence": next((m.kwargs["defence"] for m in item.iter_markers("attack")
+                                             if m.kwargs.get("defence")), None),
                             "name": doc[0] if doc else item.name}
     with open(os.environ["REDTEAM_META"], "w") as f:
         json.dump(out, f)
@@ -61,7 +62,8 @@ def _outcome(case: ET.Element) -> tuple[str, str]:
         if node is not None:
             text = (node.get("message") or node.text or "").strip().splitlines()
             detail = text[0][:200] if text else ""
-            if tag == "failure" and "AssertionError" in (node.get("message") or "") + (node.text or ""):
+            said = (node.get("message") or "") + (node.text or "")
+            if tag == "failure" and ("AssertionError" in said or "attack works" in said):
                 return "ATTACK WORKS", detail
             return ("skipped" if tag == "skipped" else "error"), detail
     return "caught", ""

@@ -26,6 +26,11 @@ INVARIANTS: dict[int, str] = {
 _OFF = pytest.StashKey[pytest.MonkeyPatch]()
 
 
+def defence_of(item: pytest.Item) -> str | None:
+    """The defence an attack names, on the test or on one of its parameters (`pytest.param(marks=...)`)."""
+    return next((m.kwargs["defence"] for m in item.iter_markers("attack") if m.kwargs.get("defence")), None)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--defences-off", default=None, choices=sorted(SWITCHES),
                      help="switch this defence off and run only the attacks it stops (they must work)")
@@ -57,7 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid} has no @pytest.mark.attack(env=, cls=, invariant=)")
         if mark.kwargs.get("invariant") not in INVARIANTS:
             raise pytest.UsageError(f"{item.nodeid}: invariant= must be one of {sorted(INVARIANTS)}")
-        defence = mark.kwargs.get("defence")
+        defence = defence_of(item)
         if defence is not None and defence not in SWITCHES:
             raise pytest.UsageError(f"{item.nodeid}: unknown defence {defence!r} (defences.py lists them)")
         (dropped if off and defence != off else kept).append(item)

@@ -27,7 +27,7 @@ from redteam_support import KERNEL_PARAMS, score_in_process, small_tier
 from openrebench.api import ScoreResult
 from openrebench.harness import _score_service
 from openrebench.harness._score_service import ScoringService, format_log
-from openrebench.runs import Run, _score_log, _scoring, get_environment, score_run
+from openrebench.runs import Run, ScoreRow, _score_log, _scoring, get_environment, score_run
 from openrebench.runs._score_log import MAX_MESSAGE_CHARS, MAX_ROW_BYTES, read_log
 
 attack = pytest.mark.attack
@@ -83,6 +83,14 @@ def one_bounded_row_each(run: Run, scorings: int) -> list[_score_log.ScoreRow]:
     return rows
 
 
+def _scored(run: Run) -> ScoreRow:
+    """`score_run`, a row it could not write being the attack's success (an assertion), not an error."""
+    try:
+        return score_run(run, sandboxed=False)
+    except OSError as e:
+        raise AssertionError(f"attack works: the row was lost ({e})") from e
+
+
 @attack(env="harness", cls="output flood", invariant=5)
 def test_a_solution_printing_100_mb_gets_one_short_row(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,7 +111,7 @@ def test_a_solution_printing_100_mb_gets_one_short_row(tmp_path: Path,
     monkeypatch.setattr(_scoring, "run_scorer", lambda env_id, tier, solution, protected, **kw:
                         score_in_process(env_id, solution, protected, tier))
     started = time.monotonic()
-    row = score_run(run, sandboxed=False)
+    row = _scored(run)
     assert row.raw is None and "done printing" in row.message, row.message
     assert len(row.message) <= MAX_MESSAGE_CHARS + 100
     one_bounded_row_each(run, 1)
@@ -119,7 +127,7 @@ def test_a_scorer_quoting_all_the_output_on_a_full_disk(disk: Path, monkeypatch:
     monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.invalid(
         f"Invalid: the solution failed; its output:\n{output}", stdout=output, stderr=output)))
     fill(run.workspace)
-    row = score_run(run, sandboxed=False)
+    row = _scored(run)
     [logged] = one_bounded_row_each(run, 1)
     assert logged == row and CUT in row.message and row.message.startswith("Invalid: the solution failed")
     assert CUT in row.details["stdout"] and row.details["normalisation"]
@@ -137,7 +145,7 @@ def test_details_with_a_huge_nested_structure(disk: Path, monkeypatch: pytest.Mo
         "tests": [{"case": i, "stdout": "\x00" * 300, "tree": deep} for i in range(5000)], "failures": 5000}})
     monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.model_validate_json(line)))
     fill(run.workspace)
-    row = score_run(run, sandboxed=False)
+    row = _scored(run)
     one_bounded_row_each(run, 1)
     assert row.message == "Invalid: 5000 tests failed."
     # The short entries and the harness's own come through whole; the flood is cut, and says so.
@@ -164,7 +172,7 @@ def test_file_names_of_255_odd_bytes_in_deep_folders(disk: Path, monkeypatch: py
         os.close(fd)
     monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult(raw=0.5, message="Valid.")))
     fill(run.workspace)
-    row = score_run(run, sandboxed=False)
+    row = _scored(run)
     one_bounded_row_each(run, 1)
     assert row.raw == 0.5 and row.message == "Valid."  # the result itself, not "could not record"
     notes = row.details["snapshot_notes"]
@@ -186,8 +194,8 @@ def test_a_run_filling_the_disk_costs_another_run_no_row(disk: Path, monkeypatch
     monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.invalid("Invalid: x." * 300)))
     fill(run_a.workspace)
     for _ in range(3):
-        score_run(run_b, sandboxed=False)
-    score_run(run_a, sandboxed=False)
+        _scored(run_b)
+    _scored(run_a)
     one_bounded_row_each(run_b, 3)
     one_bounded_row_each(run_a, 1)
 
@@ -203,7 +211,7 @@ def test_a_snapshot_on_a_disk_another_run_filled_is_a_row_that_says_so(
     monkeypatch.setattr(tempfile, "tempdir", str(disk / "tmp"))
     monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult(raw=1.0, message="Valid.")))
     fill(run_a.workspace)
-    row = score_run(run_b, sandboxed=False)
+    row = _scored(run_b)
     one_bounded_row_each(run_b, 1)
     assert row.raw is None and row.details["infrastructure"] is True
     assert "the disk is full" in row.message and "not caused by your solution" in row.message
@@ -224,7 +232,7 @@ def test_a_row_that_fits_only_in_part_is_written_whole(disk: Path, monkeypatch: 
     writes: list[int] = []
     real_write = _score_log._write
     monkeypatch.setattr(_score_log, "_write", lambda fd, data: writes.append(n := real_write(fd, data)) or n)
-    score_run(run, sandboxed=False)
+    _scored(run)
     one_bounded_row_each(run, 1)
     assert len(writes) == 2 and writes[0] < writes[1], writes  # short, then whole
 
@@ -236,7 +244,7 @@ def test_a_harness_killed_mid_row_then_another_scoring(tmp_path: Path,
     (resumed) and scores again: the torn line is reported, and no complete row is lost with it."""
     run = make_run(tmp_path / "run")
     monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.invalid("Invalid: x.")))
-    score_run(run, sandboxed=False)
+    _scored(run)
     killed = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
@@ -249,7 +257,7 @@ def test_a_harness_killed_mid_row_then_another_scoring(tmp_path: Path,
         _score_log.append_row(Path({str(run.score_log_path)!r}), row)
     """)
     assert subprocess.run([sys.executable, "-c", killed]).returncode == -9
-    score_run(run, sandboxed=False)
+    _scored(run)
     rows, warnings = read_log(run.score_log_path)
     assert [r.index for r in rows] == [0, 1] and len(warnings) == 1 and "torn" in warnings[0]
     assert run.score_log_path.read_bytes().endswith(b"}\n")
@@ -313,7 +321,11 @@ def test_a_connection_flood_on_one_runs_score_socket_costs_another_run_nothing(
             assert flooder.stdout is not None
             await asyncio.wait_for(flooder.stdout.readline(), 60)
             await asyncio.sleep(0.5)
-            answers = [await asyncio.wait_for(ask(tmp_path / "b.sock", op), 10) for op in ("score", "log")]
+            try:
+                answers = [await asyncio.wait_for(ask(tmp_path / "b.sock", op), 10)
+                           for op in ("score", "log")]
+            except OSError as e:
+                raise AssertionError(f"attack works: run B was denied ({e})") from e
             return answers, a.connections
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
