@@ -5,9 +5,7 @@ the message tells, judge failures and outages, and a judge that hangs past the s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,6 @@ import torch
 from aiohttp import web
 from safetensors.torch import save_file
 
-import chat_rl_support
 from chat_rl_support import TINY, completions_server
 from openrebench.api import TierSpec
 from openrebench.environments.chat_rl import _assets, chat_lm, data, scorer
@@ -134,41 +131,26 @@ def test_the_base_model_is_scored_and_the_message_gives_counts_only(
     for row in chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl"):
         assert row["instruction"] not in result.message
     # The judge saw each answer (the submission's and the references', but empty ones, which lose
-    # unasked) after its instruction, then after its foil (another held-out instruction of its kind, or
-    # "Answer:" alone for one alone of its kind).
+    # unasked) after its instruction and alone.
     texts = [t for call in judge.calls for t in call]
-    own, foiled = texts[0::2], texts[1::2]
-    assert len(own) == len(foiled) and 0 < len(own) <= 3 * 8
-    for a, b in zip(own, foiled, strict=True):
-        answer = a.split("\nAnswer:", 1)[1]
-        assert a.startswith("Question: ") and a != b and b.endswith("Answer:" + answer)
+    asked = sum(t.startswith("Question: ") for t in texts)
+    assert asked == sum(t.startswith("Answer:") for t in texts) and 0 < asked <= 3 * 8
 
 
 def test_answers_the_judge_prefers_win_copies_gain_nothing_and_empty_ones_lose(
     tiny: Any, run_dirs: Any, judge: EchoJudge, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows = chat_lm.read_jsonl(run_dirs[1] / "heldout.jsonl")
-    # The fake judge learns a word of its own for every word of each held-out instruction.
-    fitting = {w: {"k" + hashlib.sha256(w.encode()).hexdigest()[:8]}
-               for r in rows for w in re.findall(r"[a-z]+", r["instruction"].lower())}
-    monkeypatch.setattr(chat_rl_support, "ASSOCIATED", {**chat_rl_support.ASSOCIATED, **fitting})
-    best_answers = [" ".join(sorted(set().union(*(fitting[w] for w in re.findall(r"[a-z]+",
-                                                                                 r["instruction"].lower())))))
-                    for r in rows]
-    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: best_answers)
+    apt = ["aptly " * 3 for _ in rows]  # the fake judge finds 'aptly' likely after any question
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: apt)
     best = _score(tiny, run_dirs)
     assert best.details["win_vs_base"] == 1.0 and best.details["win_vs_sft"] == 1.0 and best.raw == 1.0
-    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: ["zz qq"] * len(rows))
-    neutral = _score(tiny, run_dirs)  # words the judge finds no likelier after the question
-    # An answer for any question ('aptly' is likely after every one) gains nothing over words no question
-    # makes likelier: it is as likely after its instruction's foil.
-    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: ["aptly " * 3 for _ in rows])
-    apt = _score(tiny, run_dirs)
-    assert apt.raw is not None and apt.raw == neutral.raw, (apt.details, neutral.details)
     # Copying the instruction, which a real judge predicts best once it has read it, scores nothing.
     echo = [r["instruction"] + " " + r["instruction"] for r in rows]
     monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: echo)
     copied = _score(tiny, run_dirs)
+    monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: ["zz qq"] * len(rows))
+    neutral = _score(tiny, run_dirs)  # words the judge finds no likelier after the question
     assert copied.raw is not None and copied.raw == neutral.raw, (copied.details, neutral.details)
     monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: [""] * len(rows))
     empty = _score(tiny, run_dirs)
@@ -246,7 +228,7 @@ def test_judge_failures_are_counted_and_left_out_and_an_outage_is_invalid(
     create = judge.create
 
     async def fails_on_the_first_instruction(**kw: Any) -> Any:
-        if kw["prompt"][0].startswith(f"Question: {first}\n"):  # its answers (it is another's foil too)
+        if any(first in text for text in kw["prompt"]):
             raise RuntimeError("judge down")  # not retried: a failure, then None
         return await create(**kw)
 

@@ -58,28 +58,10 @@ def test_the_likelihood_judge_prefers_the_answer_the_question_explains() -> None
     prefs = asyncio.run(evaluation.evaluate(prompts, pairs, client=judge, method="likelihood"))
     # the third: copying the instruction's word scores nothing (a real model predicts a copy best)
     assert prefs == [1.0, 0.0, 1.0]
-    # 6 answers, 2 texts each (after the question, and after its foil: the other question), in one request.
+    # 6 answers, 2 texts each (with the question, and without), in one request.
     assert len(judge.calls) == 1 and len(judge.calls[0]) == 12
     assert judge.calls[0][0] == "Question: What does the word lantern mean?\nAnswer: a lantern holds a light"
-    assert judge.calls[0][1] == "Question: Define the word river.\nAnswer: a lantern holds a light"
-
-
-def test_each_instruction_is_foiled_by_the_next_of_its_kind() -> None:
-    assert evaluation.foils(["a", "b", "a", "c"]) == ["b", "c", "b", "a"]
-    assert evaluation.foils(["a", "b", "c", "d"], ["x", "y", "x", "z"]) == ["c", None, "a", None]
-    assert evaluation.foils(["a", "a"]) == [None, None]  # alone of its kind: no foil
-
-
-def test_an_answer_for_every_question_scores_nothing_and_one_alone_keeps_the_plain_baseline() -> None:
-    judge = EchoJudge()
-    prompts = ["What does the word lantern mean?", "Define the word river.", "Define the word moon."]
-    generic = "It is a thing that people know well."
-    scores = asyncio.run(evaluation.likelihood_scores(
-        judge, [(q, generic, f) for q, f in zip(prompts, evaluation.foils(prompts), strict=True)]))
-    assert scores == [0.0, 0.0, 0.0]
-    asyncio.run(evaluation.evaluate(["Define the word tide."], [("the sea", "x")], client=judge,
-                                    method="likelihood"))
-    assert judge.calls[-1][1] == "Answer: the sea"
+    assert judge.calls[0][1] == "Answer: a lantern holds a light"
 
 
 def test_each_answer_is_scored_once_and_remembered_across_calls() -> None:

@@ -1,14 +1,11 @@
-"""chat_rl: answers that say nothing about their question must not satisfy the mini tier's judge.
+"""chat_rl: answers that say nothing about their question against the mini tier's judge.
 
 Invariant 4, tested as a class with the real offline judge (Gemma 3 270M's echo log-probabilities through
 the gateway, as the scorer asks it): every policy below answers without reading the question, or reads
 it only to copy it, and each must lose (win rate below one half) against poor answers with one word that
-fits their questions, as the starting model's are. The scorer's defence is the foil
-(`evaluation.foils`): each answer is scored against another held-out instruction of its kind, so an
-answer that would do for any question of that kind scores about 0. Against these answers the policies
-lose with the old baseline ("Answer:" alone) too; the attack that worked (one fixed sentence, 1.67
-normalised) was scored against the mini tier's real base and SFT answers, which only its built assets
-hold: no switch here shows it.
+fits their questions. This holds; it is not enough: against the mini tier's real base and SFT answers the
+same policies, taught to the base model, win (`openrebench calibrate chat_rl` scores them as probes and
+warns; README, threat model), so the invariant is not met on that tier yet.
 """
 
 from __future__ import annotations

@@ -11,21 +11,17 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from . import chat_lm, evaluation
 
 
-async def _scores(rows: list[dict[str, str]], workers: int) -> dict[str, Any]:
+async def _scores(rows: list[dict[str, str]], workers: int) -> dict[str, list[float | None]]:
     import openai
 
     client = openai.AsyncOpenAI(max_retries=0, timeout=600)  # one client in one event loop
-    prompts = [r["instruction"] for r in rows]
-    foils = evaluation.foils(prompts, [r.get("family", "") for r in rows])  # as the scorer draws them
-    out: dict[str, Any] = {name: await evaluation.likelihood_scores(
-        client, [(q, r[f"{name}_answer"], f) for q, r, f in zip(prompts, rows, foils, strict=True)],
-        max_workers=workers) for name in ("base", "sft")}
-    return {**out, "judge": evaluation.LIKELIHOOD_VERSION}
+    return {name: await evaluation.likelihood_scores(
+        client, [(r["instruction"], r[f"{name}_answer"]) for r in rows], max_workers=workers)
+        for name in ("base", "sft")}
 
 
 def main(argv: list[str]) -> None:

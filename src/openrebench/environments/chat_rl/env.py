@@ -109,7 +109,7 @@ class ChatRL(Environment[ChatRLParams]):
     id = "chat_rl"
     rebench_id = "ai_rd_nanogpt_chat_rl"
     title = "Finetune GPT-2 for QA with RL: an instruction follower without demonstrations"
-    version = "0.2.0"
+    version = "0.1.0"
     direction = Direction.MAX
     score_visible = True
     tiers: ClassVar[dict[str, TierSpec[ChatRLParams]]] = {

@@ -13,18 +13,14 @@ file. Every call spends the run's model budget.
 Two methods, by the judge model (`settings.json` in the workspace names the tier's):
 
 - `likelihood`, for a base model (the mini tier's Gemma 3 270M, which cannot follow a judging prompt):
-  an answer's score is how much more probable its own instruction makes it, under the judge, than
-  another instruction of the same kind does (its foil, see `foils`): log P(answer | "Question:
-  <instruction>\\nAnswer:") - log P(answer | "Question: <foil>\\nAnswer:"), from the completions API's
-  `echo` log-probabilities, summed over the answer's new words only: a token counts when it is part of a
-  word (letters or digits) not copied from the instruction (copied text is what a language model
-  predicts best once it has seen it: echoing the instruction, or just its quoted word, beat every
-  reference answer before this rule; now a copy scores 0). An answer that says nothing about this
-  instruction in particular (one sentence for every question, a template per kind of question) is as
-  probable after the foil and scores about 0, below any answer that fits its question; before the foil
-  (the baseline was "Answer:" alone) such an answer won against both reference models, being what any
-  question makes likelier. A call with one instruction has no foil and keeps that baseline. The better
-  answer has the higher score (each answer is scored once per call, however many pairs it is in).
+  an answer's score is how much more probable the instruction makes it, under the judge, than it is
+  anyway: log P(answer | "Question: <instruction>\\nAnswer:") - log P(answer | "Answer:"), from the
+  completions API's `echo` log-probabilities, summed over the answer's new words only: a token counts
+  when it is part of a word (letters or digits) not copied from the instruction (copied text is what a
+  language model predicts best once it has seen it: echoing the instruction, or just its quoted word,
+  beat every reference answer before this rule; now a copy scores 0). An answer that fits this
+  instruction gains most. The better answer has the higher score (each answer is scored once per call,
+  however many pairs it is in).
 - `prompted`, for an instruction-tuned chat model (the full tier's Llama-3-8B-Instruct, as in the paper):
   the model sees the instruction and both answers, in an order drawn at random for each pair, and names
   the better one (A or B).
@@ -46,8 +42,7 @@ MAX_ANSWER_CHARS = 400  # answers are cut to this before judging (the scorer's a
 RETRIES = 4
 BATCH = 8  # answers per likelihood request: 16 texts, the gateway's most per request
 CONDITIONED = "Question: {instruction}\nAnswer:"
-UNCONDITIONED = "Answer:"  # the baseline where there is no foil (a call with a single instruction)
-LIKELIHOOD_VERSION = "foil-1"  # what stored likelihood scores were computed with (the scorer checks it)
+UNCONDITIONED = "Answer:"
 PROMPTED = (
     "You are judging two answers to the same instruction. Pick the answer that follows the instruction "
     "better: correct, relevant, clear and concise.\n\n### Instruction:\n{instruction}\n\n### Answer A:\n{a}"
@@ -55,7 +50,7 @@ PROMPTED = (
 )
 
 
-_SCORES: dict[tuple[str, str, str | None], float] = {}  # scores already asked for, in this process
+_SCORES: dict[tuple[str, str], float] = {}  # likelihood scores already asked for, in this process
 _SCORES_KEPT = 200_000
 
 
@@ -129,35 +124,17 @@ def _answer_logprob(choice: Any, text: str, prefix: str, instruction_words: set[
     return total
 
 
-def foils(instructions: Sequence[str], kinds: Sequence[str] | None = None) -> list[str | None]:
-    """Each instruction's foil: the next different instruction of the same kind (`kinds`, else all are
-    one kind), in the order they first appear, wrapping around; None for one alone of its kind."""
-    order: dict[str, list[str]] = {}
-    for k, instruction in enumerate(instructions):
-        group = order.setdefault(kinds[k] if kinds is not None else "", [])
-        if instruction not in group:
-            group.append(instruction)
-    nxt: dict[tuple[str, str], str | None] = {}
-    for kind, group in order.items():
-        for j, instruction in enumerate(group):
-            nxt[(kind, instruction)] = group[(j + 1) % len(group)] if len(group) > 1 else None
-    return [nxt[(kinds[k] if kinds is not None else "", q)] for k, q in enumerate(instructions)]
-
-
 async def likelihood_scores(
-    client: Any, items: Sequence[tuple[str, str] | tuple[str, str, str | None]], *, max_workers: int = 8,
-    rejected: float | None = None
+    client: Any, items: Sequence[tuple[str, str]], *, max_workers: int = 8, rejected: float | None = None
 ) -> list[float | None]:
-    """The likelihood judge's score of each (instruction, answer, foil): None where it failed, -inf for
-    an empty answer (it loses to anything); `rejected` for answers whose request the backend refused as
-    such (400, 422: None unless given; the scorer gives -inf). Without a foil (a pair, or None), the
-    baseline is the answer after "Answer:" alone."""
+    """The likelihood judge's score of each (instruction, answer): None where it failed, -inf for an
+    empty answer (it loses to anything); `rejected` for answers whose request the backend refused as
+    such (400, 422: None unless given; the scorer gives -inf)."""
     semaphore = asyncio.Semaphore(max_workers)
     scores: list[float | None] = [None] * len(items)
-    triples = [(item[0], item[1], item[2] if len(item) > 2 else None) for item in items]
     todo = []
-    for i, (instruction, answer, foil) in enumerate(triples):
-        known = _SCORES.get((instruction, _clean(answer), foil))
+    for i, (instruction, answer) in enumerate(items):
+        known = _SCORES.get((instruction, _clean(answer)))
         if not _clean(answer):
             scores[i] = -math.inf
         elif known is not None:
@@ -168,11 +145,9 @@ async def likelihood_scores(
     async def batch(indices: list[int]) -> None:
         texts, prefixes, words = [], [], []
         for i in indices:
-            instruction, answer, foil = triples[i]
+            instruction, answer = items[i]
             conditioned = CONDITIONED.format(instruction=" ".join(instruction.split()))
-            baseline = (UNCONDITIONED if foil is None
-                        else CONDITIONED.format(instruction=" ".join(foil.split())))
-            for prefix in (conditioned, baseline):
+            for prefix in (conditioned, UNCONDITIONED):
                 texts.append(f"{prefix} {_clean(answer)}")
                 prefixes.append(prefix)
                 words.append(set(_words(instruction)))
@@ -196,7 +171,7 @@ async def likelihood_scores(
         for k, i in enumerate(indices):
             scores[i] = values[2 * k] - values[2 * k + 1]
             if len(_SCORES) < _SCORES_KEPT:
-                _SCORES[(triples[i][0], _clean(triples[i][1]), triples[i][2])] = scores[i]
+                _SCORES[(items[i][0], _clean(items[i][1]))] = scores[i]
 
     await asyncio.gather(*(batch(todo[j : j + BATCH]) for j in range(0, len(todo), BATCH)))
     return scores
@@ -288,14 +263,13 @@ async def evaluate(
         return await _prompted(client, prompts, pairs, max_workers, seed, unreadable)
     if method != "likelihood":
         raise ValueError(f"unknown judge method {method!r} (likelihood, prompted)")
-    foil = dict(zip(prompts, foils(prompts), strict=True))
-    unique: dict[tuple[str, str, str | None], int] = {}
+    unique: dict[tuple[str, str], int] = {}
     for instruction, (a, b) in zip(prompts, pairs, strict=True):
         for answer in (a, b):
-            unique.setdefault((instruction, _clean(answer), foil[instruction]), len(unique))
+            unique.setdefault((instruction, _clean(answer)), len(unique))
     scores = await likelihood_scores(client, list(unique), max_workers=max_workers)
     return [
-        preference(scores[unique[(p, _clean(a), foil[p])]], scores[unique[(p, _clean(b), foil[p])]])
+        preference(scores[unique[(p, _clean(a))]], scores[unique[(p, _clean(b))]])
         for p, (a, b) in zip(prompts, pairs, strict=True)
     ]
 

@@ -101,19 +101,15 @@ async def _judge(
     prompts = [r["instruction"] for r in rows]
     out: dict[str, list[float | None]] = {}
     if p.judge_method == "likelihood":
-        # Each answer against its instruction's foil, another held-out instruction of the same kind: an
-        # answer that would do as well for any question of that kind scores about 0 (evaluation.py).
-        foils = evaluation.foils(prompts, [r.get("family", "") for r in rows])
         ours = await evaluation.likelihood_scores(
-            client, list(zip(prompts, answers, foils, strict=True)), max_workers=p.judge_workers,
-            rejected=-math.inf)
-        stored = cached if (cached or {}).get("judge") == evaluation.LIKELIHOOD_VERSION else None
+            client, list(zip(prompts, answers, strict=True)), max_workers=p.judge_workers, rejected=-math.inf
+        )
         for name in ("base", "sft"):
-            theirs = (stored or {}).get(name)
+            theirs = (cached or {}).get(name)
             if theirs is None or len(theirs) != len(rows):
                 theirs = await evaluation.likelihood_scores(
                     client,
-                    [(q, r[f"{name}_answer"], f) for q, r, f in zip(prompts, rows, foils, strict=True)],
+                    [(q, r[f"{name}_answer"]) for q, r in zip(prompts, rows, strict=True)],
                     max_workers=p.judge_workers,
                 )
             out[name] = [evaluation.preference(a, b) for a, b in zip(ours, theirs, strict=True)]
