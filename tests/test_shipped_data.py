@@ -48,7 +48,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
 
     def fixed(env_id: str, tier: str, repeats: int, *, command: str, on_progress: Any = None,
-              access: Any = None, models: Any = None) -> CalibrationRecord:
+              access: Any = None, models: Any = None, probe_repeats: int = 1) -> CalibrationRecord:
         calls.append(env_id)
         raw = {"start": 2.0, "reference": 1.0}
         return calibrate(get_environment(env_id), tier, repeats, command=command, on_progress=on_progress,

@@ -73,15 +73,13 @@ def judge_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _win_rate(client: Any, answers: list[str]) -> float:
-    """The policy's mean preference over the fitting answers, as the scorer's likelihood judge counts it
-    (each answer against its instruction's foil, of the same kind)."""
-    foils = evaluation.foils(PROMPTS, KINDS)
+    """The policy's mean preference over the fitting answers, as the scorer's likelihood judge counts it."""
 
     async def scores() -> tuple[list[float | None], list[float | None]]:
         c = client()
-        ours = await evaluation.likelihood_scores(c, list(zip(PROMPTS, answers, foils, strict=True)),
+        ours = await evaluation.likelihood_scores(c, list(zip(PROMPTS, answers, strict=True)),
                                                   rejected=float("-inf"))
-        theirs = await evaluation.likelihood_scores(c, list(zip(PROMPTS, FITTING, foils, strict=True)))
+        theirs = await evaluation.likelihood_scores(c, list(zip(PROMPTS, FITTING, strict=True)))
         return ours, theirs
 
     ours, theirs = asyncio.run(scores())
@@ -106,11 +104,9 @@ def test_a_sentence_searched_against_the_judge_does_not_beat_fitting_answers(jud
     rng = random.Random(1)
     candidates = {" ".join(rng.sample(words, 6)).capitalize() + "." for _ in range(2)}
     candidates |= {"Yes, it is.", "Of or pertaining to the thing, and the."}
-    foils = evaluation.foils(PROMPTS, KINDS)
 
     async def total(sentence: str) -> float:
-        got = await evaluation.likelihood_scores(judge_client(), [(q, sentence, f) for q, f
-                                                                  in zip(PROMPTS, foils, strict=True)])
+        got = await evaluation.likelihood_scores(judge_client(), [(q, sentence) for q in PROMPTS])
         return sum(x for x in got if x is not None)
 
     best = max(candidates, key=lambda s: asyncio.run(total(s)))
