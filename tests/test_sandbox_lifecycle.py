@@ -72,7 +72,10 @@ def _snapshots() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("openrebench-snapshot-*")}
 
 
-@pytest.mark.parametrize("ending", ["sigkill", "sigint", "close"])
+# Ctrl-C runs in `make test`'s serial pass: twice, under the parallel pass on 2 cores, the interrupted
+# harness was still running 60 s after its SIGINT (cause not found; alone, with or without CPU burners,
+# it ends in about a second).
+@pytest.mark.parametrize("ending", ["sigkill", pytest.param("sigint", marks=pytest.mark.timing), "close"])
 def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path, ending: str) -> None:
     before = _snapshots()
     proc = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path), "3", ending if ending == "close"
