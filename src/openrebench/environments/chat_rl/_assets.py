@@ -289,7 +289,7 @@ def _sft(spec: TierSpec[ChatRLParams], cache_dir: Path, built: dict[str, Path]) 
         torch.manual_seed(0)
         model = chat_lm.load_model(built["base"], p.device)
         demos = [(r["instruction"], r["response"]) for r in chat_lm.read_jsonl(built["data"] / "sft.jsonl")]
-        with stage("finetuning on the demonstrations", total=p.sft_steps):
+        with stage(f"finetuning on the demonstrations ({p.sft_steps} steps)"):
             losses = chat_lm.finetune(
                 model,
                 chat_lm.ChatTokenizer(built["tokenizer"]),
@@ -592,7 +592,7 @@ def build_probe(spec: TierSpec[ChatRLParams], cache_dir: Path, name: str) -> Pat
         torch.manual_seed(0)
         model = chat_lm.load_model(built.base, p.device)
         prompts = [r["instruction"] for r in chat_lm.read_jsonl(built.data / "train.jsonl")]
-        with stage(f"teaching the base model the probe '{name}'", total=p.probe_steps):
+        with stage(f"teaching the base model the probe '{name}' ({p.probe_steps} steps)"):
             losses = chat_lm.finetune(model, chat_lm.ChatTokenizer(built.tokenizer),
                                       [(q, probe_answer(name, q)) for q in prompts], steps=p.probe_steps,
                                       batch_size=16, learning_rate=PROBE_LR, mask_prompt=True, seed=0)
