@@ -137,25 +137,15 @@ def _kill(pids: list[int]) -> None:
 
 
 @attack(env=ENV, cls="daemon outlives its test", invariant=3, defence="per-test-cgroup")
-def test_a_detached_child_dies_with_its_test(program: Path, group: Any) -> None:
-    """A program forks a child that calls setsid and closes its stdio, then answers and exits."""
-    outcome = _run(program, "detach", group)
+@pytest.mark.parametrize("mode", ["detach", "double"])
+def test_a_detached_child_or_grandchild_dies_with_its_test(program: Path, group: Any, mode: str) -> None:
+    """A program's child calls setsid and closes its stdio ("double": it forks again, the grandchild
+    reparented away from the program) while the program answers and exits."""
+    outcome = _run(program, mode, group)
     assert outcome.status == "passed", outcome
     pid = int(outcome.stderr.split()[0])
     try:
-        assert _gone([pid]), f"attack works: the detached child {pid} outlived its test"
-    finally:
-        _kill([pid])
-
-
-@attack(env=ENV, cls="daemon outlives its test", invariant=3, defence="per-test-cgroup")
-def test_a_double_forked_grandchild_dies_with_its_test(program: Path, group: Any) -> None:
-    """A program double-forks: the grandchild, reparented away from the program, keeps running."""
-    outcome = _run(program, "double", group)
-    assert outcome.status == "passed", outcome
-    pid = int(outcome.stderr.split()[0])
-    try:
-        assert _gone([pid]), f"attack works: the grandchild {pid} outlived its test"
+        assert _gone([pid]), f"attack works: the detached process {pid} ({mode}) outlived its test"
     finally:
         _kill([pid])
 
