@@ -4,6 +4,7 @@ the harness is killed outright."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -129,7 +130,8 @@ def test_a_dead_sandbox_is_a_clear_infrastructure_error(tmp_path: Path) -> None:
             machine = box.backend.machine
             agent = machine.agent_group.pids() if machine.agent_group else set()
             for pid in machine.group.pids() - agent:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # (a command's process may end meanwhile)
+                    os.kill(pid, signal.SIGKILL)
             await asyncio.sleep(0.5)
             with pytest.raises(SandboxUnavailableError) as caught:
                 await asyncio.wait_for(box.exec(["true"]), 10)
