@@ -25,8 +25,10 @@ def count(name):
     i = 0
     while True:
         i += 1
-        with open(os.path.join(folder, name), "w") as f:
+        # Replaced whole, never truncated in place: a reader must not catch an empty file mid-write.
+        with open(os.path.join(folder, name + ".new"), "w") as f:
             f.write(str(i))
+        os.replace(os.path.join(folder, name + ".new"), os.path.join(folder, name))
         time.sleep(0.01)
 
 threading.Thread(target=count, args=("thread",), daemon=True).start()
