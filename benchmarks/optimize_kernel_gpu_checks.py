@@ -70,7 +70,11 @@ def main() -> None:
                 rows[name].append({"raw": row.raw, "median_ms": d.get("median_ms"), "window_ms": window,
                                    "overhead_ms": d.get("overhead_ms"), "wall_s": time.perf_counter() - t0,
                                    "message": row.message})
-                print(f"#{i + 1} {name}: {row.message[:110]}", flush=True)
+                print(f"#{i + 1} {name}: {row.message[:300]}", flush=True)
+                if "infrastructure failure" in row.message:
+                    # Not the solution's doing: stop here (device time is dear), with what the scorer said.
+                    print(str(d.get("scorer_stderr", ""))[-3000:], file=sys.stderr)
+                    raise SystemExit(f"stopped: the pipeline failed on this machine ({name})")
     print(f"\n{'case':<55}{'valid':>6}{'ms':>9}{'window':>9}{'overhead':>10}{'wall s':>8}")
     summary = {}
     for name, rs in rows.items():

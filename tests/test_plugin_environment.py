@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from openrebench.cli import app
 from openrebench.isolation import SandboxSpec, bwrap_command, bwrap_usable, plugin_code
-from openrebench.isolation._bwrap import PLUGIN_ROOT, hidden_package_dirs
+from openrebench.isolation._bwrap import PLUGIN_ROOT, hidden_package_dirs, package_root, python_roots
 from openrebench.runs import Run, environment_classes, get_environment, refresh
 from openrebench.runs._scoring import scoring_sandbox_default
 
@@ -161,6 +161,22 @@ def test_the_scoring_sandbox_shows_the_plugin_read_only_and_nothing_beside_it(in
     assert seen["entry"].startswith(PLUGIN_ROOT + "/") and seen["entry_points"] == ["toy_sum"]
     assert seen["listing"] == [PACKAGE, f"{PACKAGE}-0.1.0.dist-info"]  # not beside.txt
     assert seen["reference"] == [] and seen["writable"] == [] and seen["host_path"] is False
+
+
+@pytest.mark.skipif(bwrap_usable() is not None, reason="bubblewrap does not start here")
+def test_the_scoring_sandbox_finds_a_package_reached_only_through_pythonpath() -> None:
+    """A checkout used by PYTHONPATH alone (no install, no .pth file: a GPU machine with only the
+    sources): the scorer's sandbox clears the environment, yet its Python must still find openrebench.
+    `-S` leaves out site-packages and its .pth files, so only PYTHONPATH can find it."""
+    root = package_root()
+    if any(str(root) == r or str(root).startswith(r + "/") for r in python_roots()):
+        pytest.skip("the package is installed in the Python installation here")
+    probe = "import importlib.util; print(importlib.util.find_spec('openrebench').origin)"
+    spec = SandboxSpec(binds=[], cwd="/tmp", plugins=True, drop_privileges=False)
+    out = subprocess.run(bwrap_command([sys.executable, "-S", "-P", "-c", probe], spec),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(root / "openrebench" / "__init__.py")
 
 
 @pytest.mark.slow

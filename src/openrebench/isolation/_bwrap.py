@@ -308,6 +308,9 @@ def bwrap_command(cmd: list[str], spec: SandboxSpec) -> list[str]:
     if spec.plugins:
         mounts, entries = plugin_mounts(ro_roots)
         args += mounts
+        if pkg not in python_roots() and not any(pkg.startswith(r + "/") for r in python_roots()):
+            # A checkout used through PYTHONPATH (no install, no .pth file): the scorer must find it too.
+            entries = [*entries, pkg]
         if entries:
             env["PYTHONPATH"] = ":".join([*entries, *filter(None, [env.get("PYTHONPATH")])])
     if spec.devices:
