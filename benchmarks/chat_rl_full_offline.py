@@ -72,7 +72,8 @@ def comparisons(pipeline: Any) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", choices=("assets", "pipelines", "sampling", "all"), default="all")
+    parser.add_argument("--stage", default="all",
+                        choices=("assets", "pipelines", "sampling", "scoring", "all"))
     parser.add_argument("--n-sft", type=int, default=8000, help="demonstrations for the SFT model")
     parser.add_argument("--reference-rounds", type=int, help="the reference pipeline's rounds (default: the "
                         "tier's; its rounds are alike, so one round times them all)")
@@ -119,11 +120,36 @@ def main() -> None:
                                            zip(prompts[:5], answers[:5], strict=True)]}
         save()
 
+    def scoring(url: str) -> None:
+        """One whole scoring by the tier's scorer: the SFT model as the submission, the stand-in judge."""
+        import os
+        import tempfile
+
+        from openrebench.environments.chat_rl.scorer import score
+
+        with tempfile.TemporaryDirectory() as tmp:
+            solution, protected = Path(tmp) / "solution", Path(tmp) / "protected"
+            shutil.copytree(built.sft, solution / "model")
+            protected.mkdir()
+            shutil.copy(built.answers / "heldout.jsonl", protected / "heldout.jsonl")
+            shutil.copytree(built.tokenizer, protected / "tokenizer")
+            shutil.copy(built.base / "config.json", protected / "base_config.json")
+            os.environ.update({"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"})
+            result = timed("one scoring (the SFT model, stand-in judge)",
+                           lambda: score(spec, solution, protected))
+        record["scoring"] = {"message": result.message, "raw": result.raw, "details": result.details}
+        print(result.message, flush=True)
+        save()
+
     reference = p.reference.model_copy(update={"rounds": args.reference_rounds or p.reference.rounds})
     with echo_judge_server() as url:
         access = ScoringAccess(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stand-in"},
                                models={"judge": JUDGE})
+        if args.stage == "scoring":
+            scoring(url)
         for which, pipeline in (("start", p.start), ("reference", reference)):
+            if args.stage == "scoring":
+                break
             if args.stage in ("pipelines", "all") and not (runs / which / chat_lm.WEIGHTS).is_file():
                 script = _assets.HERE / ("starting" if which == "start" else which) / "rl_finetune.py"
                 shutil.rmtree(runs / which, ignore_errors=True)
