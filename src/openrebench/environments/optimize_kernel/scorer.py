@@ -266,6 +266,13 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
     timeout = p.call_timeout_s
     yardstick = p.yardstick if device.type == "cpu" else None
     yard: Yardstick | None = None
+    phases: dict[str, float] = {}  # seconds each phase of the scoring took: where a slow scoring goes
+    clock = [time.monotonic()]
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name] = round(phases.get(name, 0.0) + now - clock[0], 3)
+        clock[0] = now
 
     def prepared(size: int, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = fresh_input(size, low, high, device)
@@ -289,23 +296,29 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
                              pass_fds=(buffers.fd,) if isinstance(buffers, CpuInput) else ()) as host:
             if buffers is None:
                 buffers = CudaInput(n * per_window, device)
+            phase("start")
             session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s, group)
             # The protocol's own cost, measured before the solution exists (the identity's output is its
             # input), where the tier subtracts it.
             x = fresh_input(n, -10, 11, device)
             baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
             overhead = statistics.median(baseline) if baseline else 0.0
+            phase("host_ready")
             if yardstick is not None:
                 yard = Yardstick(yardstick.length, session.nice)
                 yard.run("before", yardstick.block)
             session.request({"op": "import"}, p.setup_timeout_s, "importing solution.py")
+            phase("import")
             for label, size, low, high in _checks(n):
                 session.call(*prepared(size, low, high), label)
+            phase("checks")
             windows, host_ms = [], []
             for k in range(warmup + timed):
                 if device.type == "cuda":
                     xs, wants = zip(*(prepared(n, -10, 11) for _ in range(per_window)), strict=True)
+                    phase("inputs")
                     ms, reply = session.window(list(xs), list(wants), f"timing #{k + 1}")
+                    phase("windows")
                     del xs, wants
                     windows.append(ms)
                     with contextlib.suppress(TypeError, ValueError):
@@ -318,6 +331,7 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
                 windows.append(ms)
                 with contextlib.suppress(TypeError, ValueError):
                     host_ms.append(float(reply.get("host_ms")))  # type: ignore[arg-type]
+            phase("windows")
     except SolutionError as e:
         return ScoreResult.invalid(f"Invalid: {e}")
     finally:
@@ -327,13 +341,16 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
             buffers.close()
         if group is not None:
             group.close()
+        phase("close")
     speed = None
     if yard is not None and yardstick is not None and session is not None:
         # Every process of the solution is gone now; the scorer can tell only inside its PID namespace.
         yard.run("after", yardstick.block)
         speed = _speed(yard, yardstick.ms, session.freezer.namespace)
-    return _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed,
-                   per_window)
+    result = _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed,
+                     per_window)
+    result.details["phases_s"] = phases
+    return result
 
 
 def _speed(yard: Yardstick, at_calibration: float, after_trusted: bool) -> dict[str, Any]:
