@@ -80,18 +80,24 @@ def test_a_tier_names_exactly_one_source_of_constants(tmp_path: Path) -> None:
         _spec(default_constants=by_hand)
 
 
-def test_this_hardwares_record_comes_first_then_the_tiers_default() -> None:
-    """On the H200 the kernel's full tier has no record of the current major version (its shipped one was
-    measured with 1.1.0): the default, read from that same record, stands in and says so."""
+def test_this_hardwares_record_comes_first_then_the_tiers_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 the kernel's full tier reads its own record; once the environment's major version moves
+    past the record's (its scoring changed), the record no longer counts as the H200's own: the default,
+    read from that same record, stands in and says so."""
     env = get_environment("optimize_kernel")
     spec = env.tier("full")
     assert spec.calibration is not None
     record = json.loads(spec.calibration.read_text())
     h200 = Hardware.model_validate(record["hardware"])
     constants = constants_for(env, "full", h200)
-    assert (constants.start, constants.reference) == (spec.default_constants.start,
-                                                      spec.default_constants.reference)
-    assert "1.1.0" in constants.source and "no calibration for cuda:NVIDIA H200" in constants.source
+    assert constants.source.startswith("shipped calibration on cuda:NVIDIA H200")
+    medians = (record["start"]["median"], record["reference"]["median"])
+    assert (constants.start, constants.reference) == medians
+    major = int(record["env_version"].split(".")[0])
+    monkeypatch.setattr(type(env), "version", f"{major + 1}.0.0")
+    stale = constants_for(env, "full", h200)
+    assert (stale.start, stale.reference) == (spec.default_constants.start, spec.default_constants.reference)
+    assert record["env_version"] in stale.source and "no calibration for cuda:NVIDIA H200" in stale.source
     restricted = get_environment("restricted_mlm")
     shipped = restricted.tier("full").calibration
     assert shipped is not None

@@ -50,11 +50,9 @@ class OptimizeKernel(Environment[KernelParams]):
             # measured and subtracted from each, and no measurement the solution could move is used.
             params=KernelParams(length=100_000_000, warmup_calls=2, timed_calls=10, calls_per_window=16,
                                 baseline_calls=0, call_timeout_s=120, setup_timeout_s=300),
-            # The H200's (3.32 ms start, 0.406 ms reference), measured with version 1.1.0's protocol (one
-            # call per window, a millisecond subtracted): the default for GPUs until the window protocol
-            # of 2.1.0 is calibrated on one (its time per call includes the input's copy, about 0.1 ms,
-            # so under these constants the reference would read a little below 1). `find_record` does
-            # not count it as the H200's own.
+            # The H200's (3.79 ms start, 0.713 ms reference per call, each call's input copy included; the
+            # reference's score normalises to 0.99-1.02 across 6 scorings), measured with this protocol: the
+            # default for GPUs without a record of their own.
             calibration=CALIBRATION / "full--cuda-nvidia-h200.json",
             paper_constants=NormConstants(
                 start=math.log(4.76), reference=math.log(1.6),
