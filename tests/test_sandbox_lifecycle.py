@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is no
 # (and a scoring that is still running, whose snapshot and cgroup must go too), prints what it made, and
 # waits to be killed.
 HARNESS = textwrap.dedent("""
-    import asyncio, json, sys, threading
+    import asyncio, faulthandler, json, signal, sys, threading
     from pathlib import Path
     from openrebench.harness import OpenRebenchSandbox, SandboxConfig
     from openrebench.runs import start_run
@@ -53,6 +53,7 @@ HARNESS = textwrap.dedent("""
         finally:  # Ctrl-C: Inspect ends its samples' sandboxes as this does
             await box.close(interrupted=True)
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow ending hangs
     asyncio.run(main())
 """)
 
@@ -79,8 +80,11 @@ def _snapshots() -> set[str]:
 @pytest.mark.parametrize("ending", ["sigkill", pytest.param("sigint", marks=pytest.mark.timing), "close"])
 def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path, ending: str) -> None:
     before = _snapshots()
-    proc = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path), "3", ending if ending == "close"
-                             else "wait"], stdout=subprocess.PIPE, text=True)
+    errors = tmp_path / "harness.stderr"  # a file, not a pipe: a full pipe would stall the harness
+    with errors.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path), "3",
+                                 ending if ending == "close" else "wait"],
+                                stdout=subprocess.PIPE, stderr=sink, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert line, "the harness printed nothing"
@@ -106,6 +110,13 @@ def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path,
                 break
             time.sleep(0.2)
         state = "still running" if proc.poll() is None else f"exited with {proc.returncode}"
+        if left and proc.poll() is None:
+            proc.send_signal(signal.SIGUSR1)  # its threads' stacks, to stderr
+            time.sleep(1)
+        if left:
+            proc.kill()
+            proc.wait()
+            state += f"; its stderr ends: {errors.read_text()[-6000:]}"
         assert left == [], (f"the harness {state}", left)
     finally:
         proc.kill()
