@@ -14,7 +14,7 @@ from inspect_ai.log import EvalError, EvalLog
 from typer.testing import CliRunner
 
 from analysis_helpers import real_log
-from openrebench.api import OpenRebenchError, describe_duration
+from openrebench.api import ModelBudget, OpenRebenchError, describe_duration
 from openrebench.cli import app
 from openrebench.cli._common import duration
 from openrebench.cli._eval import _exit_code, _failures
@@ -112,6 +112,59 @@ def test_every_environment_tells_its_agent_the_working_limit() -> None:
     for env_id, make in environment_tasks().items():
         (sample,) = make(time_limit=1800).dataset
         assert "30 minutes" in str(sample.input), env_id
+
+
+def test_every_placeholder_of_every_instructions_is_filled_on_both_tiers() -> None:
+    for env_id in environment_tasks():
+        env = get_environment(env_id)
+        for tier in env.tiers:
+            assert not re.findall(r"\$[a-z_]+\b", env.instructions(tier)), (env_id, tier)
+
+
+GRANTED = "openai/gpt-4o-mini"
+
+
+@pytest.mark.parametrize(("env_id", "role"), [("rust_codecontests", "task_model"), ("chat_rl", "judge")])
+def test_the_agent_is_told_the_models_and_budget_its_run_grants_not_the_tiers(env_id: str, role: str) -> None:
+    spec = get_environment(env_id).tier("mini")
+    default, budget = spec.models[role], spec.model_budget
+    assert default.label and budget is not None and budget.tokens is not None
+    (sample,) = environment_tasks()[env_id](time_limit=1800, model_budget_tokens="300k",
+                                            **{role: GRANTED}).dataset
+    text = " ".join(str(sample.input).split())
+    assert f"({GRANTED})" in text and default.label not in text and "$model_" not in text
+    assert "300,000 tokens" in text and f"{budget.tokens:,} tokens" not in text
+    assert re.search(r"time limit is 30 minutes", text, re.I)
+    (plain,) = environment_tasks()[env_id]().dataset  # no run settings: the tier's own
+    text = " ".join(str(plain.input).split())
+    assert f"({default.label})" in text and GRANTED not in text
+    assert f"{budget.tokens:,} tokens" in text and re.search(r"time limit is 2 hours", text, re.I)
+
+
+def test_a_granted_offline_model_and_a_dollar_budget_are_named_in_words() -> None:
+    text = get_environment("rust_codecontests").instructions("full", models={"task_model": "local"},
+                                                             budget=ModelBudget(usd=20))
+    assert "(Gemma 3 270M, a small base model served offline as `local`)" in text and "gpt-3.5" not in text
+    assert "share a budget of $20 for the whole attempt" in " ".join(text.split())
+
+
+def test_eval_tells_the_agent_the_env_model_budget_and_time_limit_it_was_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through `openrebench eval`: what reaches Inspect's eval (replaced here by a recorder) is told of
+    the `--env-model`, `--model-budget-*` and `--time-limit` values."""
+    import inspect_ai
+
+    seen: list[object] = []
+    monkeypatch.setattr(inspect_ai, "eval", lambda tasks, **_: seen.extend(tasks) or [])
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-dummy")  # the granted model is made, never called
+    invoke("eval", "rust_codecontests", "--env-model", f"task_model={GRANTED}", "--model-budget-usd", "2.5",
+           "--model-budget-tokens", "300k", "--time-limit", "45m", "--isolation", "none", "--log-dir",
+           str(tmp_path / "logs"), "--runs-dir", str(tmp_path / "runs"))
+    (task,) = seen
+    text = " ".join(str(task.dataset[0].input).split())  # type: ignore[attr-defined]
+    assert f"the **task model** ({GRANTED})" in text
+    assert "share a budget of $2.50 or 300,000 tokens, whichever runs out first" in text
+    assert "Your time limit is 45 minutes." in text
 
 
 def test_the_runs_directory_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,6 +38,8 @@ class NoParams(BaseModel, frozen=True):
 
 LOCAL_MODEL = "local"
 """The model spec of the offline default model (Gemma 3 270M served on this machine): needs no key."""
+LOCAL_MODEL_WORDS = "Gemma 3 270M, a small base model served offline as `local`"
+"""The offline model as instructions name it where a tier's own words do not."""
 
 # The Inspect task's own arguments: a role is overridden as `-T <role>=<model>`, so it cannot be named
 # like one of them.
@@ -57,6 +59,18 @@ class ModelRole(BaseModel, frozen=True):
     model: str = Field(min_length=1, description=(
         f"The tier's default: '{LOCAL_MODEL}' (the offline Gemma 3 270M, no key needed) or an Inspect "
         "model name such as 'openai/gpt-4o-mini'."))
+    label: str | None = Field(default=None, description=(
+        "The default model in words, as the instructions name it (`$model_<role>`), e.g. "
+        "'gpt-3.5-turbo-0125'; a run given another model is told that model's name instead."))
+
+    def describe(self, model: str | None = None) -> str:
+        """The model a run has in this role (default: the tier's) as the agent's instructions name it:
+        the tier's words for its own default, else the model's name, so that an agent given
+        `--env-model judge=openai/gpt-4o` is not told of the default."""
+        model = self.model if model is None else model
+        if model == self.model and self.label:
+            return self.label
+        return LOCAL_MODEL_WORDS if model == LOCAL_MODEL else model
 
 
 class ModelBudget(BaseModel, frozen=True):
@@ -71,6 +85,14 @@ class ModelBudget(BaseModel, frozen=True):
         if self.usd is None and self.tokens is None:
             raise ValueError("a model budget needs usd, tokens or both")
         return self
+
+    def describe(self) -> str:
+        """In words, for the instructions (`$model_budget`): '$500', '2,000,000 tokens', or both."""
+        usd = None if self.usd is None else f"${self.usd:,.2f}".removesuffix(".00")
+        tokens = None if self.tokens is None else f"{self.tokens:,} tokens"
+        if usd and tokens:
+            return f"{usd} or {tokens}, whichever runs out first"
+        return usd or tokens or ""
 
 
 P = TypeVar("P", bound=BaseModel)
@@ -193,7 +215,8 @@ class ModelAccess(Protocol):
 class Environment(ABC, Generic[P]):
     """One RE-Bench environment: a small class plus the files in its folder.
 
-    The folder holds `instructions.md` (a `string.Template` filled from the tier's params),
+    The folder holds `instructions.md` (a `string.Template` filled from the tier's params and what the
+    run has: `$time_limit`, and where the tier declares models `$model_<role>` and `$model_budget`),
     `starting/` (the starting solution), `reference/` (the hidden reference solution, masked in
     every sandbox) and `calibration/` (the records the tiers' default constants come from, masked too).
     `P` is the model of the tiers' params: `class MyEnv(Environment[MyParams])` makes
@@ -238,15 +261,23 @@ class Environment(ABC, Generic[P]):
             known = ", ".join(self.tiers)
             raise OpenRebenchError(f"unknown tier '{name}' for {self.id} (known: {known})") from None
 
-    def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
-        """The agent's instructions; `time_limit_s` is the working time it really has (default: the
-        tier's), told as `$time_limit` ("30 minutes", "8 hours")."""
+    def instructions(self, tier: str, time_limit_s: float | None = None,
+                     models: Mapping[str, str] | None = None, budget: ModelBudget | None = None) -> str:
+        """The agent's instructions, with what its run really has: `time_limit_s` the working time
+        (default: the tier's), told as `$time_limit` ("30 minutes", "8 hours"); where the tier declares
+        models, `models` (role: model spec) the run's model of each role and `budget` its budget for
+        them (default: the tier's), told as `$model_<role>` and `$model_budget`."""
         spec = self.tier(tier)
         seconds = spec.time_limit_hours * 3600 if time_limit_s is None else time_limit_s
         text = (self.root / "instructions.md").read_text()
         values = {"tier": spec.name, "device": spec.device, "hardware": spec.hardware,
                   "time_limit": describe_duration(seconds), "time_limit_hours": f"{seconds / 3600:g}",
                   **spec.params.model_dump()}
+        if spec.models:
+            given_models = models or {}
+            values |= {f"model_{role}": r.describe(given_models.get(role)) for role, r in spec.models.items()}
+            given = budget or spec.model_budget
+            values["model_budget"] = given.describe() if given else "no set limit"
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # an optional hook

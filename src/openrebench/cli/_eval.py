@@ -3,6 +3,7 @@ that says whether every attempt was scored."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -65,17 +66,39 @@ def _check_gpus(env_ids: list[str], tier: str) -> None:
                                    "(OPENREBENCH_GPUS)")
 
 
+# Exceptions that only wrap the one that failed: Inspect's retries (tenacity) end in a RetryError whose
+# text names no cause ("RetryError[<Future … raised APIConnectionError>]").
+WRAPPERS = re.compile(r"(?:tenacity\.)?RetryError\b")
+
+
+def _exceptions(traceback: str) -> list[str]:
+    """The exception lines of a traceback, the first cause first (each traceback of a chain ends with
+    one, not indented: the code lines are); none where the last line is not one."""
+    lines = [x.rstrip() for x in traceback.splitlines() if x.strip()]
+    found = [x for x in lines if x[:1].strip() and re.match(r"[\w.]+(: |$)", x)]
+    return found if found and found[-1] == lines[-1] else []
+
+
 def _one_line(error: Any) -> str:
     """One line for an Inspect error: the exception as its traceback's last line states it (the message
-    alone is a repr that can drop the detail), without the exception's module path."""
-    lines = [x.strip() for x in (error.traceback or "").splitlines() if x.strip()]
-    if lines and re.match(r"[\w.]+(: |$)", lines[-1]):
-        line = lines[-1]
+    alone is a repr that can drop the detail), without the exception's module path. Where that is a
+    retry's wrapper, the exception it wraps instead, with the first cause (a model provider that cannot
+    be reached: `APIConnectionError: Connection error. (ConnectError: All connection attempts failed)`)."""
+    found = _exceptions(error.traceback or "")
+    if len(found) > 1 and WRAPPERS.match(found[-1]):
+        line = found[-2] + (f" ({_short_name(found[0])})" if len(found) > 2 else "")
+    elif found:
+        line = found[-1]
     else:
         line = next((x.strip() for x in error.message.splitlines() if x.strip()), "no message")
         if m := re.fullmatch(r"(\w+)\((['\"])(.*)\2\)", line):  # OpenRebenchError('...')
             line = f"{m[1]}: {m[3]}"
-    return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)[:200]
+    return _short_name(line)[:200]
+
+
+def _short_name(line: str) -> str:
+    """An exception line without the exception's module path."""
+    return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)
 
 
 def _failures(logs: list[Any], task_names: list[str]) -> list[tuple[str, str, str]]:
@@ -109,7 +132,47 @@ def _exit_code(failures: list[tuple[str, str, str]]) -> int:
     return 1 if failures else 0
 
 
+def parse_model_args(pairs: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """`-M KEY=VALUE` values as (base URL, the other model args) for Inspect. A value reads as JSON where
+    it can (`5`, `true`), else as text. `base_url` comes apart because Inspect's `eval` gives it to the
+    model as a parameter of its own (`model_base_url`): in the model args too, the model would get it
+    twice and fail with a TypeError."""
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise OpenRebenchError(f"bad --model-arg '{pair}' (use KEY=VALUE, e.g. "
+                                   "base_url=http://localhost:8000/v1)")
+        try:
+            args[key] = json.loads(text)
+        except ValueError:
+            args[key] = text
+    base_url = args.pop("base_url", None)
+    if base_url is not None and not isinstance(base_url, str):
+        raise OpenRebenchError(f"bad --model-arg base_url={base_url}: give a URL")
+    return base_url, args
 
+
+def model_options(model: str | None, model_arg: list[str], max_retries: int | None, timeout: int | None,
+                  max_connections: int | None) -> dict[str, Any]:
+    """The keyword arguments of Inspect's `eval` (and `eval_set`) that make and drive the agent's model,
+    only those given, so that Inspect's defaults stay its own. Those are unlimited retries and no
+    timeout: a provider that cannot be reached is retried silently for ever (retrying is waiting, not
+    working time, so no working limit ends it) unless --max-retries or --timeout says otherwise."""
+    base_url, args = parse_model_args(model_arg)
+    if (base_url is not None or args) and model is None:
+        raise OpenRebenchError("--model-arg applies to the agent's model: give --model too")
+    options: dict[str, Any] = {"model_base_url": base_url, "model_args": args, "max_retries": max_retries,
+                               "timeout": timeout, "max_connections": max_connections}
+    return {k: v for k, v in options.items() if v is not None and v != {}}
+
+
+def _flags(options: Mapping[str, Any]) -> list[str]:
+    """The options of `openrebench eval` that gave these Inspect arguments, for a message."""
+    names = {"model_base_url": "--model-arg", "model_args": "--model-arg", "max_retries": "--max-retries",
+             "timeout": "--timeout", "max_connections": "--max-connections"}
+    return list(dict.fromkeys(names[k] for k in options))
 
 
 def _inspect_command() -> str:
@@ -126,6 +189,20 @@ def eval_(
     agent: Annotated[str, typer.Option(help=AGENTS_HELP)] = "oracle",
     model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o, or 'local' (the "
                                                    "offline Gemma 3 270M, served on this machine).")] = None,
+    model_arg: Annotated[list[str] | None, typer.Option(
+        "--model-arg", "-M", help="An argument for making the agent's model, KEY=VALUE (repeatable), as "
+                                  "`inspect eval -M` takes it: e.g. base_url=http://localhost:8000/v1 or "
+                                  "api_key=…; a value reads as JSON where it can (5, true), else as text."
+    )] = None,
+    max_retries: Annotated[int | None, typer.Option(
+        min=0, help="Retries of a failed model request (default: Inspect's, unlimited with backoff: a "
+                    "provider that cannot be reached keeps an attempt waiting, and waiting is not working "
+                    "time); 0 ends the attempt with the provider's error at the first failure.")] = None,
+    timeout: Annotated[int | None, typer.Option(
+        min=1, help="Seconds one model request may take, its retries included (default: no limit).")] = None,
+    max_connections: Annotated[int | None, typer.Option(
+        min=1, help="Model requests in flight at once, over all attempts (default: the provider's, in "
+                    "Inspect).")] = None,
     time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m, 2h or seconds, "
                                                          "from 1m to 7d (default: the tier's).")] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
@@ -203,6 +280,10 @@ def eval_(
     model, serving = resolve_agent_model(model)  # `local`: the offline model, served while the eval runs
     if model is not None:
         check_client(model)
+    made_with = model_options(model, model_arg or [], max_retries, timeout, max_connections)
+    if cluster is not None and made_with:
+        raise OpenRebenchError(f"--cluster does not pass {', '.join(_flags(made_with))} to its nodes yet: "
+                               "leave them out or run on one machine")
     seconds = duration(time_limit) if time_limit else None
     if prices is not None:  # the environments' models are priced, and their dollar budgets kept, by these
         from openrebench.gateway import load_prices, model_service
@@ -253,14 +334,14 @@ def eval_(
         console.print("\n".join(estimate.lines()), highlight=False, markup=False)
         estimate.check(max_cost, yes)
     if model is not None:
-        check_credentials(model)
+        check_credentials(model, made_with.get("model_base_url"), made_with.get("model_args"))
     # The environments' models too: the harness holds their keys, the sandboxes never see them.
     env_specs = {m for t in tasks for m in (t.metadata or {}).get("env_models", {}).values()}
     for spec in sorted(env_specs - {"local"}):
         check_credentials(spec)
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
-               "max_samples": max_samples, "display": display}
+               "max_samples": max_samples, "display": display, **made_with}
     with serving:
         if retry_attempts or resume:
             _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]

@@ -19,10 +19,11 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from openrebench.api import LOCAL_MODEL, OpenRebenchError
 from openrebench.gateway import (
@@ -154,17 +155,19 @@ def check_client(model: str) -> None:
 HOSTED = {"openai", "anthropic", "google", "openai-api"}  # their clients start offline, with keys checked
 
 
-def check_credentials(model: str) -> None:
+def check_credentials(model: str, base_url: str | None = None, model_args: Mapping[str, Any] | None = None
+                      ) -> None:
     """For hosted providers, the credentials and settings Inspect needs to make the model: one line
-    before anything is set up, not a provider's error at the first sample. Local providers are not
-    made here (making an `hf/` or `vllm/` model loads it), nor is the offline model (it needs no key, and
-    its server starts with the eval)."""
+    before anything is set up, not a provider's error at the first sample. Made with the eval's own
+    `base_url` and model args (`-M api_key=…` is a credential too). Local providers are not made here
+    (making an `hf/` or `vllm/` model loads it), nor is the offline model (it needs no key, and its
+    server starts with the eval)."""
     if model.split("/", 1)[0] not in HOSTED or is_local(model):
         return
     from inspect_ai.model import get_model
 
     try:
-        get_model(model)
+        get_model(model, base_url=base_url, **(model_args or {}))
     except Exception as e:
         from rich.text import Text
 

@@ -21,7 +21,7 @@ from inspect_ai.model import ModelUsage
 from inspect_ai.scorer import Score, Scorer, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
-from openrebench.api import LOCAL_MODEL, Environment, OpenRebenchError
+from openrebench.api import LOCAL_MODEL, Environment, ModelBudget, OpenRebenchError
 from openrebench.runs import (
     environment_classes,
     final_row,
@@ -227,8 +227,12 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
     budget = resolve_budget(env, tier, usd, tokens)
     model_meta = {"env_models": env_models,
                   "env_model_budget": {"usd": budget.usd, "tokens": budget.tokens}} if env_models else {}
+    # The agent is told what this run grants (its models, its budget, its working time), not the tier's.
+    limited = budget.usd is not None or budget.tokens is not None
+    granted = ModelBudget(usd=budget.usd, tokens=budget.tokens) if limited else None
+    instructions = env.instructions(tier, seconds, env_models, granted)
     return Task(
-        dataset=[Sample(input=env.instructions(tier, seconds) + MACHINE_NOTE, id=f"{env_id}-{tier}",
+        dataset=[Sample(input=instructions + MACHINE_NOTE, id=f"{env_id}-{tier}",
                         metadata={"env_id": env_id, "tier": tier})],
         solver=agent_spec.factory(env, tier, seconds),
         scorer=run_score(),

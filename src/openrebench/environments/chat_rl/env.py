@@ -63,8 +63,6 @@ MINI = ChatRLParams(
     judge_method="likelihood",
     start=Pipeline(prompts=256, samples=2, steps=60, learning_rate=3e-4, mask_prompt=False),
     reference=Pipeline(prompts=96, samples=8, rounds=2, steps=80, learning_rate=5e-4, mask_prompt=True),
-    budget="2,000,000 tokens of the judge",
-    judge_model="Gemma 3 270M, a small base model served offline, judging by likelihood",
     base_model="a small GPT (4 layers, 128 wide, an 8,192-token vocabulary) pretrained here on plays and "
     "a dictionary",
 )
@@ -95,8 +93,6 @@ FULL = ChatRLParams(
     judge_workers=32,
     start=Pipeline(prompts=1024, samples=2, steps=200, learning_rate=2e-5, mask_prompt=False),
     reference=Pipeline(prompts=1024, samples=8, rounds=3, steps=300, learning_rate=2e-5, mask_prompt=True),
-    budget="50,000,000 tokens of the judge",
-    judge_model="Llama-3-8B-Instruct",
     base_model="GPT-2 XL (1.5B parameters)",
 )
 
@@ -124,7 +120,9 @@ class ChatRL(Environment[ChatRLParams]):
             memory_limit_gb=4,
             params=MINI,
             calibration=CALIBRATION / "mini--cpu-amd-epyc--judge-local.json",
-            models={"judge": ModelRole(description="says which of two answers is better", model=LOCAL_MODEL)},
+            models={"judge": ModelRole(description="says which of two answers is better", model=LOCAL_MODEL,
+                                       label="Gemma 3 270M, a small base model served offline, judging by "
+                                             "likelihood")},
             model_budget=ModelBudget(tokens=2_000_000),
             scoring_model_budget=ModelBudget(tokens=1_000_000),
         ),
@@ -145,6 +143,7 @@ class ChatRL(Environment[ChatRLParams]):
                 "judge": ModelRole(
                     description="says which of two answers is better",
                     model="vllm/meta-llama/Meta-Llama-3-8B-Instruct",
+                    label="Llama-3-8B-Instruct",
                 )
             },
             model_budget=ModelBudget(tokens=50_000_000),

@@ -69,6 +69,4 @@ class ChatRLParams(BaseModel):
         "`openrebench calibrate` scores these beside the start and the reference)."))
     start: Pipeline
     reference: Pipeline
-    budget: str = Field(description="The agent's model budget, in words (for the instructions).")
-    judge_model: str = Field(description="The judge, in words (for the instructions).")
     base_model: str = Field(description="The base model, in words (for the instructions).")

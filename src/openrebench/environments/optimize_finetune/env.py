@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import math
 import string
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel
 
-from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, ScoreResult, TierSpec
+from openrebench.api import (
+    Direction,
+    Environment,
+    ModelBudget,
+    NormConstants,
+    Placement,
+    RunFiles,
+    ScoreResult,
+    TierSpec,
+)
 
 from .params import FinetuneConfig, FinetuneParams, GPT2Shape, RecordsData
 
@@ -102,9 +112,10 @@ class OptimizeFinetune(Environment[FinetuneParams]):
         ),
     }
 
-    def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
+    def instructions(self, tier: str, time_limit_s: float | None = None,
+                     models: Mapping[str, str] | None = None, budget: ModelBudget | None = None) -> str:
         spec = self.tier(tier)
-        text = super().instructions(tier, time_limit_s)
+        text = super().instructions(tier, time_limit_s, models, budget)
         p = spec.params
         note = (f" On this tier the scorer sets OMP_NUM_THREADS={p.threads} (steadier times on a small "
                 "shared machine); your scripts may set their own thread counts.") if p.threads else ""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from openrebench.api import Direction, Environment, NormConstants, ScoreResult, TierSpec
+from openrebench.api import Direction, Environment, ModelBudget, NormConstants, ScoreResult, TierSpec
 
 from .params import KernelParams, YardstickParams
 
@@ -60,7 +61,8 @@ class OptimizeKernel(Environment[KernelParams]):
         ),
     }
 
-    def instructions(self, tier: str, time_limit_s: float | None = None) -> str:
+    def instructions(self, tier: str, time_limit_s: float | None = None,
+                     models: Mapping[str, str] | None = None, budget: ModelBudget | None = None) -> str:
         spec = self.tier(tier)
         note = ""
         if spec.params.yardstick is not None:
@@ -68,7 +70,7 @@ class OptimizeKernel(Environment[KernelParams]):
                     f"multiplied by {spec.params.yardstick.ms:g} ms (the time of a fixed workload, the "
                     "scorer's own yardstick, on the calibration machine) and divided by that workload's time "
                     "in this scoring, measured by the scorer while your processes are paused.")
-        return super().instructions(tier, time_limit_s).replace("$speed_note", note)
+        return super().instructions(tier, time_limit_s, models, budget).replace("$speed_note", note)
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
         from .scorer import score

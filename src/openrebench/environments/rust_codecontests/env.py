@@ -43,12 +43,11 @@ UTILS_NAME = "rust_codecontests_utils.py"
 
 MINI = RustCodecontestsParams(
     problems="mini", batch_size=12, batch_timeout_s=150, concurrency=4, compile_timeout_s=30, test_workers=2,
-    budget="2,000,000 tokens", task_model="Gemma 3 270M (a small base model, served offline)",
     n_valid="26")
 
 FULL = RustCodecontestsParams(
     problems="codecontests", batch_size=20, batch_timeout_s=60, concurrency=20, compile_timeout_s=60,
-    test_workers=8, budget="$500", task_model="gpt-3.5-turbo-0125", n_valid="117")
+    test_workers=8, n_valid="117")
 
 PAPER = NormConstants(start=0.0, reference=21 / 165,
                       source="RE-Bench paper: gpt-3.5-turbo-0125, start 0, reference 21/165")
@@ -87,7 +86,8 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
             time_limit_hours=2,
             score_timeout_s=900, memory_limit_gb=4, params=MINI,
             calibration=CALIBRATION / "mini--cpu-amd-epyc--task-model-local.json",
-            models={"task_model": ModelRole(description="writes the Rust programs", model=LOCAL_MODEL)},
+            models={"task_model": ModelRole(description="writes the Rust programs", model=LOCAL_MODEL,
+                                            label="Gemma 3 270M, a small base model served offline")},
             model_budget=ModelBudget(tokens=2_000_000), scoring_model_budget=ModelBudget(tokens=2_000_000)),
         "full": TierSpec(
             name="full", description="CodeContests (test split, 165 problems; valid split for the agent), "
@@ -98,7 +98,7 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
             # the hardware); for another task model, `openrebench calibrate` measures its own.
             constants=PAPER, paper_constants=PAPER,
             models={"task_model": ModelRole(description="writes the Rust programs",
-                                            model="openai/gpt-3.5-turbo-0125")},
+                                            model="openai/gpt-3.5-turbo-0125", label="gpt-3.5-turbo-0125")},
             model_budget=ModelBudget(usd=500), scoring_model_budget=ModelBudget(usd=50)),
     }
 

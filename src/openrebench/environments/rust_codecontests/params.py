@@ -22,6 +22,4 @@ class RustCodecontestsParams(BaseModel):
     compile_timeout_s: float = Field(gt=0, description="The longest one rustc run may take.")
     test_workers: int = Field(gt=0, description="Programs compiled and tested at once by the scorer.")
     import_timeout_s: float = Field(default=60, gt=0, description="Seconds to import the scaffold.")
-    budget: str = Field(description="The agent's model budget, in words (for the instructions).")
     n_valid: str = Field(default="", description="Validation problems, in words (for the instructions).")
-    task_model: str = Field(description="The task model, in words (for the instructions).")
