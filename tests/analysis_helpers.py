@@ -36,11 +36,13 @@ def write_variant(path: Path, edit: Callable[[EvalLog], None]) -> Path:
 
 def runs_log(path: Path, *, agent: str, model: str, hours: float,
              runs: Sequence[Sequence[tuple[float, float]]], tokens: int = 0, cost: float | None = None,
-             gpus: int = 0, gateway: Sequence[Mapping[str, Any] | None] | None = None) -> Path:
+             gpus: int = 0, gateway: Sequence[Mapping[str, Any] | None] | None = None,
+             tier: str = "mini") -> Path:
     """A log with one sample per run; each run is a list of (elapsed hours, normalised score) scorings
     after the set-up scoring. The sample's score is the run's best, as the harness reports it.
     `gateway`, per run: the score metadata's `gateway_usage` (the environment's own model calls), or
-    None for a run without it."""
+    None for a run without it. `tier`: where the log, the sample and the run fingerprint record it (the
+    real log is a mini run; its constants stay, which is all the analysis reads of them)."""
 
     def edit(log: EvalLog) -> None:
         assert log.samples
@@ -48,13 +50,14 @@ def runs_log(path: Path, *, agent: str, model: str, hours: float,
         setup_row = template.scores["run_score"].metadata["score_log"][0]  # type: ignore[index,union-attr]
         constants = template.scores["run_score"].metadata["fingerprint"]["constants"]  # type: ignore[index,union-attr]
         start, span = constants["start"], constants["reference"] - constants["start"]
-        log.eval.metadata = {**(log.eval.metadata or {}), "agent": agent}
+        log.eval.metadata = {**(log.eval.metadata or {}), "agent": agent, "tier": tier}
         log.eval.model = model
         log.eval.config.working_limit = int(hours * 3600)
         samples = []
         for epoch, scorings in enumerate(runs, 1):
             sample = copy.deepcopy(template)
             sample.epoch = epoch
+            sample.metadata = {**(sample.metadata or {}), "tier": tier}
             sample.working_time = hours * 3600 * 0.9
             rows = [dict(setup_row)]
             for i, (t, norm) in enumerate(scorings, 1):  # raw scores that normalise to `norm`
@@ -66,6 +69,7 @@ def runs_log(path: Path, *, agent: str, model: str, hours: float,
                               "raw": start + score.value * span if scorings else None}
             score.metadata["fingerprint"] = copy.deepcopy(score.metadata["fingerprint"])
             score.metadata["fingerprint"]["hardware"]["gpu_count"] = gpus
+            score.metadata["fingerprint"]["tier"] = tier
             if gateway is not None and gateway[epoch - 1] is not None:
                 score.metadata["gateway_usage"] = copy.deepcopy(gateway[epoch - 1])
             usage = ModelUsage(input_tokens=tokens // 2, output_tokens=tokens - tokens // 2,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -66,8 +67,11 @@ def test_analyze_a_real_log_with_and_without_the_paper(tmp_path: Path) -> None:
     assert data["settings"]["environments"] == ["optimize_kernel"]  # the paper's data cut to the logs' env
     groups = {g["group"] for g in data["groups"]}
     assert {"oracle (mini)", "Human experts (paper)", "o1-preview"} <= groups
-    comp = next(c for c in data["comparisons"] if c["agent"] == "oracle (mini)" and c["budget_h"] == 8)
-    assert comp["ratio"] is not None and comp["percentile"] > 50
+    # A mini run is not set against the paper's humans (their tasks were full size): no ratio, no percentage.
+    assert not any(c["agent"] == "oracle (mini)" for c in data["comparisons"])
+    oracle = next(g for g in data["groups"] if g["group"] == "oracle (mini)")
+    assert oracle["not_comparable"] == "tier mini" and oracle["cohort"] != "paper"
+    assert any(c["agent"] == "o1-preview" and c["ratio"] for c in data["comparisons"])  # the paper's are
     assert data["headline"]  # the published comparison stays on all seven environments
 
 
@@ -88,7 +92,15 @@ def test_report_from_logs_and_paper_is_self_contained(tmp_path: Path) -> None:
     assert page.index("This reproduction against the paper") < page.index("<h2>Figures")
     captions = re.findall(r"<figcaption>(.*?)</figcaption>", page, re.S)
     assert len(captions) == 6 and all(len(c) > 150 for c in captions)
-    assert "paper-matched scale" in captions[0] and "starts at 8 h" in captions[0]
+    budget = html.unescape(captions[0])
+    assert "starts at 8 h" in budget and "measured scale" in budget
+    assert "not comparable with the paper's humans (tier mini)" in budget
+    # The mini runs: tables of their own, and nowhere in the table of agents against the humans.
+    text = html.unescape(page)
+    assert "score@k against total time budget (best split per group): not comparable with the paper's " \
+           "humans (tier mini)" in text
+    humans = re.search(r'<table class="humans">.*?</table>', page, re.S)
+    assert humans is not None and "o1-preview" in humans.group(0) and "(mini)</td>" not in humans.group(0)
 
 
 def test_report_on_paper_alone_explains_missing_figures(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from inspect_ai.log import EvalLog
 from typer.testing import CliRunner
@@ -49,25 +50,50 @@ def test_the_scorers_paper_matched_score_is_used_where_the_log_has_it(tmp_path: 
     assert a.scores["measured"] == pytest.approx(1.0095, abs=1e-3)
 
 
-def test_beside_the_papers_humans_our_runs_are_on_the_paper_matched_scale_unless_told() -> None:
-    logs = load_logs([REAL_LOG])
-    (ours,) = logs.attempts
+def test_beside_the_papers_humans_full_tier_runs_are_on_the_paper_matched_scale_unless_told(
+        tmp_path: Path) -> None:
+    log = runs_log(tmp_path / "full.eval", agent="react", model="openai/gpt-4o", hours=2.0, tier="full",
+                   runs=[[(1.0, 0.2)], [(1.5, 0.4)]])
+    logs = load_logs([log])
+    runs = logs.attempts
     alone = analyze(logs, boots=20, sims=20)
     assert alone.settings.normalisation == "measured"
-    assert alone.groups[0].mean_score == ours.scores["measured"]
+    name = "react · openai/gpt-4o (full)"
+    assert alone.group(name).mean_score == pytest.approx(0.3)  # type: ignore[union-attr]
     both = analyze(logs + load_paper(), environments=["optimize_kernel"], boots=20, sims=20)
-    assert both.settings.normalisation == "paper"
-    oracle = both.group("oracle (mini)")
-    assert oracle is not None and oracle.mean_score == pytest.approx(ours.scores["paper"])
-    assert oracle.mean_measured == pytest.approx(ours.scores["measured"])
-    assert oracle.mean_paper == pytest.approx(ours.scores["paper"])
+    assert both.settings.normalisation == "paper" and both.settings.scales == {"full": "paper"}
+    group = both.group(name)
+    assert group is not None and group.cohort == "paper" and group.not_comparable is None
+    paper_mean = float(np.mean([a.scores["paper"] for a in runs]))
+    assert group.mean_score == pytest.approx(paper_mean) and group.mean_paper == pytest.approx(paper_mean)
+    assert group.mean_measured == pytest.approx(0.3)
     assert any("paper-matched scale" in n and "paper's humans" in n for n in both.notes)
     measured = analyze(logs + load_paper(), environments=["optimize_kernel"], boots=20, sims=20,
                        normalisation="measured")
-    assert measured.group("oracle (mini)").mean_score == pytest.approx(ours.scores["measured"])  # type: ignore[union-attr]
+    assert measured.group(name).mean_score == pytest.approx(0.3)  # type: ignore[union-attr]
     assert any("not on one scale" in n for n in measured.notes)
+    # On the measured scale a full-tier run is not on the paper's humans' scale: kept apart.
+    assert measured.group(name).not_comparable == "tier full, measured scale"  # type: ignore[union-attr]
+    assert not any(c.agent == name for c in measured.comparisons)
     # The paper's own runs are on the paper's scale either way.
     assert both.group("o1-preview").mean_score == measured.group("o1-preview").mean_score  # type: ignore[union-attr]
+
+
+def test_beside_the_papers_humans_a_mini_run_stays_on_its_own_measured_scale() -> None:
+    logs = load_logs([REAL_LOG])
+    (ours,) = logs.attempts
+    both = analyze(logs + load_paper(), environments=["optimize_kernel"], boots=20, sims=20)
+    assert both.settings.scales == {"mini": "measured"}
+    oracle = both.group("oracle (mini)")
+    assert oracle is not None and oracle.mean_score == pytest.approx(ours.scores["measured"])
+    assert oracle.mean_paper == pytest.approx(ours.scores["paper"])  # both scales still reported
+    assert any("tier mini are on the measured scale" in n for n in both.notes)
+    asked = analyze(logs + load_paper(), environments=["optimize_kernel"], boots=20, sims=20,
+                    normalisation="paper")
+    oracle = asked.group("oracle (mini)")
+    assert oracle is not None and oracle.mean_score == pytest.approx(ours.scores["paper"])
+    assert oracle.not_comparable == "tier mini"
+    assert not any(c.agent == "oracle (mini)" for c in asked.comparisons)
 
 
 def test_both_scales_are_reported_with_the_constants_behind_them() -> None:

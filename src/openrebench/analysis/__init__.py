@@ -19,8 +19,10 @@ from ._analysis import (
     analyze,
 )
 from ._budget import default_budgets, runs_for
+from ._cohorts import PAPER_COHORT, PAPER_SIZE_TIERS, cohort_of
 from ._environments import registered_facts
 from ._estimators import (
+    SE_FLOOR,
     Estimate,
     bootstrap_expected_max,
     expected_max,
@@ -44,6 +46,7 @@ from ._model import (
 from ._over_time import best_so_far, interpolated, score_at
 from ._paper import (
     HUMAN_GROUP,
+    PAPER_AGENTS,
     PAPER_HUMAN_HOURS,
     PUBLISHED,
     RELEASE_ONLY_ENVIRONMENTS,
@@ -53,11 +56,12 @@ from ._paper import (
 )
 
 __all__ = [
-    "HUMAN_GROUP", "PAPER_HUMAN_HOURS", "PUBLISHED", "RELEASE_ONLY_ENVIRONMENTS", "Allocation", "AlteredRun",
+    "HUMAN_GROUP", "PAPER_AGENTS", "PAPER_COHORT", "PAPER_HUMAN_HOURS", "PAPER_SIZE_TIERS", "PUBLISHED",
+    "RELEASE_ONLY_ENVIRONMENTS", "SE_FLOOR", "Allocation", "AlteredRun",
     "AlternativeRow", "Analysis", "Attempt", "ClaimRow", "Comparison", "CostPoint", "Dataset", "DroppedCell",
     "EnvFacts", "EnvModelRow", "EnvRow", "Estimate", "GroupSummary", "HeadlineRow", "HumanCount", "ModelUse",
     "NormBudgetRow", "NormRow", "PaperTreatment", "Settings", "TimeCurve", "alternative_rows", "analyze",
-    "analyze_paper", "best_so_far", "bootstrap_expected_max", "by_rebench_id", "default_budgets",
+    "analyze_paper", "best_so_far", "bootstrap_expected_max", "by_rebench_id", "cohort_of", "default_budgets",
     "expected_max", "interpolated", "load_logs", "load_paper", "max_weights", "paper_headline", "parse_hours",
     "prob_best_of_k_beats", "registered_facts", "runs_for", "sample_best_of_k", "score_at", "score_at_k",
     "with_normalisation",

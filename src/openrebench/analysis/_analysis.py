@@ -14,11 +14,12 @@ from pydantic import BaseModel, Field, computed_field
 from openrebench.api import OpenRebenchError
 
 from ._budget import default_budgets, fmt_hours, runs_for
+from ._cohorts import PAPER_COHORT, PAPER_SIZE_TIERS, cohort_of, not_comparable, why_apart
 from ._environments import facts_for
-from ._estimators import Array, Estimate, percentile_interval, prob_best_of_k_beats, score_at_k
+from ._estimators import SE_FLOOR, Array, Estimate, percentile_interval, prob_best_of_k_beats, score_at_k
 from ._model import Attempt, Dataset, EnvFacts, ModelUse, Normalisation, PaperTreatment, with_normalisation
 from ._over_time import interpolated, score_at, time_grid
-from ._paper import PAPER_MAIN_AGENTS, PAPER_TIER
+from ._paper import PAPER_AGENTS, PAPER_TIER
 
 HEADLINE_BUDGETS = (2.0, 8.0, 32.0)
 Coverage = Literal["all", "covered"]
@@ -41,6 +42,9 @@ class Settings(BaseModel):
     normalisation: Normalisation = Field(default="measured", description=(
         "The scale of our runs' scores: 'measured' (this machine's start and reference) or 'paper' "
         "(paper-matched). The paper's runs are on the paper's scale."))
+    scales: dict[str, Normalisation] = Field(default_factory=dict, description=(
+        "Our runs' scale by tier: beside the paper's data, by default, paper-matched at the full tier (the "
+        "paper's size) and measured at the others, which are not compared with the paper's humans."))
 
 
 class GroupSummary(BaseModel):
@@ -69,6 +73,11 @@ class GroupSummary(BaseModel):
     hours_used_per_run: float | None
     with_trajectories: int = Field(description="Runs that carry a score log (score over time).")
     missing: list[str] = Field(default_factory=list, description="Analysed environments it has no runs in.")
+    cohort: str = Field(default=PAPER_COHORT, description=(
+        "Groups compared with each other: 'paper' (the paper's runs, and ours at the full tier on the "
+        "paper-matched scale), else our runs of one tier and scale, kept apart from the paper's."))
+    not_comparable: str | None = Field(default=None, description=(
+        "Why the group is not compared with the paper's humans (e.g. 'tier mini'); None: it may be."))
 
 
 class Allocation(BaseModel):
@@ -86,6 +95,10 @@ class Allocation(BaseModel):
     partial: bool = Field(default=False, description="Over fewer environments than the analysis has "
                                                      "(--coverage covered).")
     altered: int = Field(default=0, description="Runs among those used whose released score was changed.")
+    hacks_altered: list[str] = Field(default_factory=list, description=(
+        "Environments where a run used was treated as a reward hack (its released score changed)."))
+    hacks_kept: list[str] = Field(default_factory=list, description=(
+        "Environments where a run used is a suspected reward hack kept at its released score."))
     best: bool = False
 
     @computed_field  # type: ignore[prop-decorator]
@@ -277,6 +290,19 @@ class Analysis(BaseModel):
     def group(self, name: str) -> GroupSummary | None:
         return next((g for g in self.groups if g.group == name), None)
 
+    def cohorts(self) -> list[str]:
+        """The cohorts present, the paper's first: each gets its own tables and figure panel."""
+        found = list(dict.fromkeys(g.cohort for g in self.groups))
+        return sorted(found, key=lambda c: c != PAPER_COHORT)
+
+    def in_cohort(self, cohort: str) -> list[GroupSummary]:
+        return [g for g in self.groups if g.cohort == cohort]
+
+    def apart(self, cohort: str) -> str | None:
+        """The mark of a cohort kept apart from the paper's humans (None for the paper's)."""
+        why = next((g.not_comparable for g in self.in_cohort(cohort) if g.not_comparable), None)
+        return not_comparable(why) if why else None
+
 
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
@@ -324,6 +350,9 @@ class _Engine:
         for a in data.attempts:
             if a.env_id in self.envs:
                 self.by_group[a.group].append(a)
+        suspects = data.paper.suspects if data.paper else []
+        altered = {r.run_id for r in data.paper.altered} if data.paper else set()
+        self.hacks = {r.run_id: r.run_id in altered for r in suspects}  # run id: whether its score changed
         self.replicates: dict[tuple[str, float], Array] = {}
         self.split_replicates: dict[tuple[str, float, float], Array] = {}  # every split, by its length
         self._on_envs: dict[tuple[str, float, tuple[str, ...]], Candidate | None] = {}
@@ -365,10 +394,13 @@ class _Engine:
         est, reps = score_at_k(per_env, k, self.hidden, sims=self.sims, boots=self.boots,
                                seed=self._seed(group, budget, length, *([] if len(envs) == len(self.envs)
                                                                        else envs)), level=self.level)
+        hacks = {(env, self.hacks[a.run_id]) for env, c in cells.items() for a in c if a.run_id in self.hacks}
         alloc = Allocation(group=group, budget_h=budget, length_h=length, k=k, method=method, estimate=est,
                            min_runs=min(len(c) for c in cells.values()), environments=envs,
                            partial=len(envs) < len(self.envs),
-                           altered=sum(a.altered is not None for c in cells.values() for a in c))
+                           altered=sum(a.altered is not None for c in cells.values() for a in c),
+                           hacks_altered=sorted(e for e, changed in hacks if changed),
+                           hacks_kept=sorted(e for e, changed in hacks if not changed))
         return alloc, reps
 
     def allocations(self, group: str, is_human: bool) -> list[Allocation]:
@@ -469,7 +501,7 @@ def _kind(group: str, attempts: list[Attempt]) -> GroupKind:
     if first.is_human:
         return "human"
     if first.tier == PAPER_TIER:
-        return "paper agent" if group in PAPER_MAIN_AGENTS else "release model"
+        return "paper agent" if group in PAPER_AGENTS else "release model"
     return "ours"
 
 
@@ -487,6 +519,7 @@ def _summary(group: str, attempts: list[Attempt], envs: Sequence[str]) -> GroupS
         by_env[a.env_id] += 1
     kind = _kind(group, attempts)
     scaffolds = sorted({a.scaffold for a in attempts if a.scaffold})
+    cohort, why = cohort_of(attempts)
     on = {which: [a.scores.get(which) for a in attempts] for which in ("measured", "paper")}
     return GroupSummary(
         group=group, is_human=attempts[0].is_human, kind=kind, label=_label(group, kind),
@@ -506,7 +539,7 @@ def _summary(group: str, attempts: list[Attempt], envs: Sequence[str]) -> GroupS
         gpu_hours_per_run=_mean([a.gpu_hours for a in attempts]),
         hours_used_per_run=_mean([a.hours_used for a in attempts]),
         with_trajectories=sum(a.trajectory is not None for a in attempts),
-        missing=[e for e in envs if e not in by_env])
+        missing=[e for e in envs if e not in by_env], cohort=cohort, not_comparable=why)
 
 
 def _env_rows(group: str, attempts: list[Attempt]) -> list[EnvRow]:
@@ -607,14 +640,10 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
     with_paper = any(a.tier == PAPER_TIER for a in data.attempts)
     ours = [a for a in data.attempts if a.scores and a.env_id in envs]
     scale: Normalisation = normalisation or ("paper" if with_paper else "measured")
-    data, scale_notes = with_normalisation(data, scale)
+    scales = _scales(sorted({a.tier for a in ours}), normalisation, with_paper)
+    data, scale_notes = with_normalisation(data, scale, scales)
     if ours and with_paper:
-        if scale == "paper":
-            why = ("paper-matched scale (the paper's start-to-reference gap from the start measured on our "
-                   "hardware), as they are compared with the paper's humans")
-        else:
-            why = "measured scale, not the paper's: their scores and the paper's humans' are not on one scale"
-        scale_notes.insert(0, f"our runs are on the {why}")
+        scale_notes[:0] = [_scale_note(tier, s, normalisation) for tier, s in scales.items()]
     lengths = sorted({a.length_h for a in data.attempts if a.env_id in envs})
     budget_list = sorted(budgets) if budgets else default_budgets(lengths, max_budget_h)
     if not budget_list:
@@ -650,10 +679,11 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
     order = {g.group: i for i, g in enumerate(groups)}
     allocations.sort(key=lambda a: (order[a.group], a.budget_h, a.length_h))
     dropped.sort(key=lambda d: (order[d.group], d.length_h))
-    notes = list(data.notes) + scale_notes + [
+    notes = list(data.notes) + scale_notes + _apart_notes(groups) + [
         f"{d.group}: {d.runs} runs of {fmt_hours(d.length_h)} left out of score@k: they cover "
         f"{len(d.environments)} of {len(envs)} environments (none in {', '.join(d.missing)}); "
         "--coverage covered averages over the environments covered" for d in dropped]
+    notes += _floor_notes(allocations)
     comparisons = _comparisons(engine, groups, allocations)
     partial_humans = []
     for env_set in sorted({tuple(a.environments) for a in allocations if a.partial}):
@@ -664,7 +694,7 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
     analysis = Analysis(
         settings=Settings(environments=envs, hidden_score=sorted(engine.hidden), budgets_h=budget_list,
                           boots=boots, sims=sims, level=level, seed=seed, coverage=coverage,
-                          normalisation=scale),
+                          normalisation=scale, scales=scales),
         sources=data.sources, warnings=warnings, notes=notes, groups=groups,
         allocations=allocations,
         per_env=sorted(per_env, key=lambda r: (order[r.group], r.env_id, r.length_h)),
@@ -677,6 +707,58 @@ def _run(data: Dataset, environments: Sequence[str] | None, budgets: Sequence[fl
         analysis.normalisation_budgets = _both_scales(data, analysis, envs, budget_list, boots, sims, seed,
                                                       level, coverage)
     return analysis, engine
+
+
+def _scales(tiers: Sequence[str], asked: Normalisation | None, with_paper: bool) -> dict[str, Normalisation]:
+    """Our runs' scale by tier: as asked; else beside the paper's data, paper-matched at the paper's size
+    and measured at the others (they are not compared with the paper's humans, and the paper-matched score
+    of a smaller task means nothing to them); else measured."""
+    if asked is not None:
+        return {t: asked for t in tiers}
+    return {t: "paper" if with_paper and t in PAPER_SIZE_TIERS else "measured" for t in tiers}
+
+
+def _scale_note(tier: str, scale: Normalisation, asked: Normalisation | None) -> str:
+    """How our runs of one tier are scaled beside the paper's data, and whether they meet its humans."""
+    ours = f"our runs at tier {tier} are on the"
+    if tier in PAPER_SIZE_TIERS:
+        if scale == "paper":
+            return (f"{ours} paper-matched scale (the paper's start-to-reference gap from the start measured "
+                    "on our hardware), as they are compared with the paper's humans")
+        return (f"{ours} measured scale, not the paper's: their scores and the paper's humans' are not on "
+                "one scale, so they are not compared")
+    if scale == "paper" and asked == "paper":
+        return (f"{ours} paper-matched scale, as asked, but are not compared with the paper's humans (tier "
+                f"{tier}: not the paper's task size)")
+    return (f"{ours} measured scale (their own tier's start and reference): they are not compared with the "
+            "paper's humans, who worked at the paper's full size")
+
+
+def _apart_notes(groups: Sequence[GroupSummary]) -> list[str]:
+    """One line per cohort kept apart, where the paper's humans are in the analysis."""
+    if not any(g.is_human and g.cohort == PAPER_COHORT for g in groups):
+        return []
+    cohorts: dict[str, list[GroupSummary]] = defaultdict(list)
+    for g in groups:
+        if g.not_comparable:
+            cohorts[g.not_comparable].append(g)
+    return [f"{', '.join(g.group for g in members)}: {not_comparable(why)}: {why_apart(why)}. No ratio, "
+            "percentage or head-to-head with the paper's humans or agents is given for them; they have "
+            "tables and figure panels of their own" for why, members in cohorts.items()]
+
+
+def _floor_notes(allocations: Sequence[Allocation]) -> list[str]:
+    """Where the sampling standard error was floored, in one line."""
+    floored = [a for a in allocations if a.estimate.se_floored]
+    if not floored:
+        return []
+    groups = list(dict.fromkeys(a.group for a in floored))
+    named = ", ".join(groups[:4]) + (f" and {len(groups) - 4} more" if len(groups) > 4 else "")
+    return [f"sampling standard error below its floor of {SE_FLOOR:g} (normalised units) in {len(floored)} "
+            f"of {len(allocations)} splits ({named}): their sampled-against-exact z uses the floor. Runs "
+            "with (near-)identical scores give an SE of round-off alone, over which a round-off difference "
+            "would read as hundreds of thousands of SEs; a difference below the floor is below what the "
+            "tables show"]
 
 
 def _both_scales(data: Dataset, analysis: Analysis, envs: Sequence[str], budgets: list[float], boots: int,
@@ -719,16 +801,22 @@ def _comparisons(engine: _Engine, groups: list[GroupSummary],
                  allocations: list[Allocation]) -> list[Comparison]:
     best = {(a.group, a.budget_h): a for a in allocations if a.best}
     out = []
-    for human in (g.group for g in groups if g.is_human):
-        for agent in (g.group for g in groups if not g.is_human):
+    for h_group in (g for g in groups if g.is_human):
+        human = h_group.group
+        # Only within a cohort: a mini run is never set against the paper's humans (see _cohorts).
+        for agent in (g.group for g in groups if not g.is_human and g.cohort == h_group.cohort):
             for budget in engine.budgets:
                 alloc = best.get((agent, budget))
                 if alloc is None:
                     continue
                 h, h_reps = human_for(engine, human, budget, alloc.environments, best)
                 human_score = h.estimate.exact if h else None
-                ratio = alloc.estimate.exact / human_score if human_score else None
+                # A ratio over a human score below the floor would be round-off over round-off.
+                ratio = (alloc.estimate.exact / human_score if human_score and human_score >= SE_FLOOR
+                         else None)
                 note = "" if h else f"no {human} score at {fmt_hours(budget)} (needs attempts' score logs)"
+                if h and ratio is None:
+                    note = f"{human} score {human_score:.3g} is below {SE_FLOOR:g}: no ratio"
                 reps = engine.replicates.get((agent, budget))
                 ci = _ratio_interval(reps, h_reps, engine.level) if (
                     ratio is not None and reps is not None and h_reps is not None) else None

@@ -15,6 +15,15 @@ from pydantic import BaseModel, computed_field
 
 Array = NDArray[np.float64]
 
+# The floor of the sampling estimate's standard error, in normalised units (a thousandth of the
+# start-to-reference gap). Runs with (near-)identical scores give a sampling SE of round-off (~1e-18), and
+# a round-off difference over it read as z = 14 to 44 for two identical runs. A thousandth is the last digit
+# the estimator table prints (the score@k tables print two), so a disagreement the floor hides is one the
+# tables cannot show. It is small enough to keep the check's teeth on real data: at 2,000 draws the paper's
+# splits have SEs of 1e-5 to 4e-3, so under a floor of 0.01 a disagreement of three of their own SEs would
+# never reach |z| = 3.
+SE_FLOOR = 1e-3
+
 
 def max_weights(n: int, k: int) -> Array:
     """Probability that the i-th smallest of n values is the maximum of k draws with replacement.
@@ -73,9 +82,16 @@ class Estimate(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def se_floored(self) -> bool:
+        """Whether the sampling SE is below SE_FLOOR, so that the z uses the floor (near-identical runs)."""
+        return self.sampled_se < SE_FLOOR
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def disagreement_z(self) -> float:
-        """How many sampling standard errors separate the two estimators (large means: look)."""
-        return (self.sampled - self.exact) / self.sampled_se if self.sampled_se > 0 else 0.0
+        """How many sampling standard errors separate the two estimators (large means: look); the SE is
+        floored at SE_FLOOR, so that round-off over round-off never reads as a disagreement."""
+        return (self.sampled - self.exact) / max(self.sampled_se, SE_FLOOR)
 
 
 def score_at_k(per_env: Mapping[str, Array], k: int, hidden: frozenset[str] | set[str], *, sims: int,

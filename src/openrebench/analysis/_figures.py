@@ -19,17 +19,23 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from ._analysis import Allocation, Analysis, GroupSummary
 from ._budget import fmt_hours
+from ._cohorts import PAPER_SIZE_TIERS
+from ._paper import PAPER_AGENTS
 
 HUMAN_COLOR = "black"
 # Ours first (bold colours), then the paper's agents, then the release's other models (muted).
 OURS = ["#1f77b4", "#2ca02c", "#9467bd", "#393b79", "#637939", "#843c39"]
-PAPER_AGENTS = ["#d62728", "#ff7f0e"]
+PAPER_COLORS = ["#d62728", "#ff7f0e", "#8c2d04"]
 RELEASE = ["#17becf", "#8c564b", "#bcbd22", "#e377c2", "#7f7f7f", "#6b6ecf", "#7b4173"]
 MARKERS = ["o", "s", "D", "^", "v", "P", "X", "<", ">", "h"]
 STYLES = {"human": "-", "ours": "-", "paper agent": "--", "release model": ":"}
 DPI = 100
 WIDTH_IN = 11.4
 TIME_TICKS_H = [1 / 60, 5 / 60, 15 / 60, 0.5, 1, 2, 4, 8, 16, 32, 64]
+# Points whose runs include a suspected reward hack: a cross where the treatment (--hacks) changed its
+# score, a ring where it kept the released one; black, so that they read on any group's colour.
+HACK_MARKS = {"altered": {"marker": "x", "ms": 11, "mew": 2.0, "color": "black"},
+              "kept": {"marker": "o", "ms": 13, "mew": 1.3, "mfc": "none", "mec": "black", "color": "black"}}
 RC = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "xtick.labelsize": 10,
       "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 13}
 
@@ -54,7 +60,7 @@ class _Look:
         self.style: dict[str, str] = {}
         self.label: dict[str, str] = {}
         counters = {"ours": 0, "paper agent": 0, "release model": 0}
-        palettes = {"ours": OURS, "paper agent": PAPER_AGENTS, "release model": RELEASE}
+        palettes = {"ours": OURS, "paper agent": PAPER_COLORS, "release model": RELEASE}
         for i, g in enumerate(a.groups):
             if g.is_human:
                 self.color[g.group] = HUMAN_COLOR
@@ -108,8 +114,36 @@ def _legend(fig: Figure, axes: list[Axes], ncols: int = 2, order: list[str] | No
     fig.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
 
 
+def _bars(ys: list[float], intervals: list[tuple[float, float]]) -> list[list[float]]:
+    """Error bars below and above each point. The percentile bootstrap of a best of k is biased low (a
+    resample has fewer distinct runs), so with few resamples or a large k the interval can miss the exact
+    value; its bar on that side is then empty rather than negative, which matplotlib refuses."""
+    return [[max(0.0, y - lo) for y, (lo, _) in zip(ys, intervals, strict=True)],
+            [max(0.0, hi - y) for y, (_, hi) in zip(ys, intervals, strict=True)]]
+
+
+def _hack_legend(a: Analysis, which: str) -> str:
+    """The legend entry of a reward-hack mark: what the treatment did with the runs."""
+    hacks = a.paper.hacks if a.paper else "paper"
+    if which == "altered":
+        return f"uses a run treated as a reward hack (--hacks {hacks}: its score changed)"
+    return f"uses a suspected reward hack kept at its released score (--hacks {hacks})"
+
+
+def _hack_marks(ax: Axes, a: Analysis, points: list[tuple[float, float, Allocation]],
+                env: str | None = None) -> None:
+    """Mark the points whose runs include a suspected reward hack (in `env` only, where given)."""
+    for which in ("altered", "kept"):
+        marked = [(x, y) for x, y, p in points
+                  if (envs := p.hacks_altered if which == "altered" else p.hacks_kept)
+                  and (env is None or env in envs)]
+        if marked:
+            ax.plot([x for x, _ in marked], [y for _, y in marked], ls="none", zorder=6,
+                    label=_hack_legend(a, which), **HACK_MARKS[which])  # type: ignore[arg-type]
+
+
 def _errorbar(ax: Axes, look: _Look, g: GroupSummary, points: list[Allocation],
-              x_of: Callable[[Allocation], float], label: str | None) -> None:
+              x_of: Callable[[Allocation], float], label: str | None, a: Analysis | None = None) -> None:
     """One group's curve: dodged points with interval bars, hollow where a split covers only some
     environments."""
     if not points:
@@ -122,17 +156,18 @@ def _errorbar(ax: Axes, look: _Look, g: GroupSummary, points: list[Allocation],
             runs.append([p])
     if len(runs) > 1:
         for i, part in enumerate(runs):
-            _errorbar(ax, look, g, part, x_of, label if i == 0 else None)
+            _errorbar(ax, look, g, part, x_of, label if i == 0 else None, a)
         return
     xs = [look.dodge(g.group, x_of(p)) for p in points]
     ys = [p.estimate.exact for p in points]
-    err = [[p.estimate.exact - p.estimate.ci_low for p in points],
-           [p.estimate.ci_high - p.estimate.exact for p in points]]
+    err = _bars(ys, [(p.estimate.ci_low, p.estimate.ci_high) for p in points])
     color = look.color[g.group]
     partial = points[0].partial
     ax.errorbar(xs, ys, yerr=err, color=color, ls=look.style[g.group], lw=2.4 if g.is_human else 1.5,
                 marker=look.marker[g.group], ms=6 if g.is_human else 5, capsize=2.5, elinewidth=1, alpha=0.95,
                 label=label, zorder=4 if g.is_human else 3, mfc="white" if partial else color)
+    if a is not None:
+        _hack_marks(ax, a, list(zip(xs, ys, points, strict=True)))
 
 
 def _humans_start(a: Analysis) -> float | None:
@@ -155,54 +190,92 @@ def _partial_curves(a: Analysis, group: str) -> dict[tuple[str, ...], list[Alloc
     return {envs: sorted(found[envs].values(), key=lambda p: p.budget_h)}
 
 
+def _panel_title(a: Analysis, cohort: str, title: str) -> str:
+    """A panel's title, with the mark of a cohort kept apart from the paper's humans on its own line."""
+    apart = a.apart(cohort)
+    return title if apart is None else f"{title}\n{apart.replace(' (', chr(10) + '(', 1)}"
+
+
 def budget_figure(a: Analysis) -> bytes | None:
-    """score@k against total budget: the paper's agents and ours beside humans, and the release's other
-    models apart (the paper's Figure 1 shape)."""
+    """score@k against total budget: the paper's agents and ours beside humans, the release's other models
+    apart (the paper's Figure 1 shape), and each cohort not comparable with the paper's humans in a panel
+    of its own with its own axis."""
     groups = [g for g in a.groups if a.curve(g.group)]
     if not groups:
         return None
     look = _Look(a)
-    main = [g for g in groups if g.kind in ("human", "ours", "paper agent")]
-    others = [g for g in groups if g.kind == "release model"]
-    title = "The paper's agents and ours" if any(g.kind == "paper agent" for g in main) else "Agents"
-    panels = [(title, main)]
+    cohorts = [c for c in a.cohorts() if any(g.cohort == c for g in groups)]
+    first = [g for g in groups if g.cohort == cohorts[0]]
+    main = [g for g in first if g.kind in ("human", "ours", "paper agent")]
+    others = [g for g in first if g.kind == "release model"]
+    title = ("The paper's agents" + (" and ours" if any(g.kind == "ours" for g in main) else "")
+             if any(g.kind == "paper agent" for g in main) else "Agents")
+    panels = [(_panel_title(a, cohorts[0], title), main, True)] if main else []
     if others:
-        panels.append(("Other models in the paper's release", [g for g in groups if g.is_human] + others))
+        humans = [g for g in first if g.is_human]
+        panels.append(("Other models in the paper's release", humans + others, True))
+    for cohort in cohorts[1:]:
+        panels.append((_panel_title(a, cohort, "Ours"), [g for g in groups if g.cohort == cohort], False))
+    # Three panels get a shorter label: the long ones run into each other.
+    xlabel = ("total time budget per environment (k runs × run length)" if len(panels) < 3
+              else "total budget (k runs × run length)")
     with _rc():
         fig = Figure(figsize=(WIDTH_IN, 5.6), layout="constrained")
-        axes = list(fig.subplots(1, len(panels), squeeze=False, sharey=True)[0])
-        for ax, (title, members) in zip(axes, panels, strict=True):
+        grid = fig.add_gridspec(1, len(panels))
+        axes: list[Axes] = []
+        for i, (_, _, shared) in enumerate(panels):
+            axes.append(fig.add_subplot(grid[0, i], sharey=axes[0] if shared and axes else None))
+        for ax, (title, members, shared) in zip(axes, panels, strict=True):
             shown: set[tuple[str, ...]] = set()
             for g in members:
                 full = [p for p in a.curve(g.group) if not p.partial]
-                _errorbar(ax, look, g, full, lambda p: p.budget_h, look.label[g.group])
+                _errorbar(ax, look, g, full, lambda p: p.budget_h, look.label[g.group], a)
                 for envs, pts in _partial_curves(a, g.group).items():
                     _errorbar(ax, look, g, pts, lambda p: p.budget_h,
-                              f"{look.label[g.group]} over its {len(envs)} envs (hollow)")
+                              f"{look.label[g.group]} over its {len(envs)} envs (hollow)", a)
                     shown.update({envs} if not g.is_human else set())
             for envs in sorted(shown):
-                for h in (h for h in a.groups if h.is_human):
+                for h in (h for h in members if h.is_human):  # only humans of the panel's own cohort
                     pts = [p for p in a.partial_humans
                            if p.group == h.group and tuple(p.environments) == envs]
                     _errorbar(ax, look, h, pts, lambda p: p.budget_h,
                               f"{look.label[h.group]} over the same {len(envs)} envs (hollow)")
-            _hours_axis(ax, a.settings.budgets_h, "total time budget per environment (k runs × run length)")
+            _hours_axis(ax, a.settings.budgets_h, xlabel)
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-            ax.set_ylim(bottom=0)
             ax.set_title(title)
+            if ax is axes[0]:
+                ax.set_ylabel("score@k (mean normalised score over environments)")
+            elif not shared:
+                ax.set_ylabel("score@k, on its own scale")
+            else:
+                ax.tick_params(labelleft=False)
             _style(ax)
-        axes[0].set_ylabel("score@k (mean normalised score over environments)")
+        for ax in axes:  # after every panel is drawn: a shared axis then scales to all of their data
+            ax.set_ylim(bottom=0)
         fig.suptitle(f"Best of k runs against total time budget ({len(a.settings.environments)} "
                      f"environment(s), {a.settings.level:.0%} CI)")
         _legend(fig, axes, ncols=2, order=[look.label[g.group] for g in a.groups])
         return _png(fig)
 
 
+def _first_cohort(a: Analysis) -> tuple[set[str], str]:
+    """The groups a one-cohort figure draws (the paper's cohort, else the first), and a sentence naming
+    those it leaves out, kept apart from the paper's humans."""
+    cohorts = a.cohorts()
+    if not cohorts:
+        return set(), ""
+    keep = {g.group for g in a.in_cohort(cohorts[0])}
+    left = [f"{', '.join(g.group for g in a.in_cohort(c))} ({a.apart(c) or c})" for c in cohorts[1:]]
+    return keep, (" Left out of this figure, as they are not on the same footing: " + "; ".join(left)
+                  + "; they have their own panel in the budget figure and their own tables." if left else "")
+
+
 def k_figure(a: Analysis) -> bytes | None:
     """score@k against k for each run length (the paper's Figure 4 style): how a fixed run length gains
     from more runs."""
     lines: dict[float, list[tuple[GroupSummary, list[Allocation]]]] = {}
-    for g in a.groups:
+    keep, _ = _first_cohort(a)
+    for g in (g for g in a.groups if g.group in keep):
         by_length: dict[float, list[Allocation]] = {}
         for al in a.allocations:
             if al.group == g.group and al.method == "best_of_k" and not al.partial:
@@ -219,7 +292,7 @@ def k_figure(a: Analysis) -> bytes | None:
         for ax, length in zip(axes, lengths, strict=True):
             ks = sorted({p.k for _, pts in lines[length] for p in pts})
             for g, pts in lines[length]:
-                _errorbar(ax, look, g, pts, lambda p: p.k, look.label[g.group])
+                _errorbar(ax, look, g, pts, lambda p: p.k, look.label[g.group], a)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_locator(FixedLocator(ks))
             ax.xaxis.set_minor_locator(NullLocator())
@@ -227,8 +300,9 @@ def k_figure(a: Analysis) -> bytes | None:
             ax.set_xlabel(f"k (runs of {fmt_hours(length)})")
             ax.set_title(f"{fmt_hours(length)} runs")
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-            ax.set_ylim(bottom=0)
             _style(ax)
+        for ax in axes:  # after every panel is drawn: a shared axis then scales to all of their data
+            ax.set_ylim(bottom=0)
         axes[0].set_ylabel("score@k")
         fig.suptitle(f"score@k against the number of runs k, per run length ({a.settings.level:.0%} CI)")
         _legend(fig, axes, ncols=2, order=[look.label[g.group] for g in a.groups])
@@ -240,7 +314,8 @@ def per_env_figure(a: Analysis) -> bytes | None:
     average."""
     look = _Look(a)
     envs = a.settings.environments
-    groups = [g for g in a.groups if a.curve(g.group) and g.kind != "release model"]
+    keep, _ = _first_cohort(a)
+    groups = [g for g in a.groups if a.curve(g.group) and g.kind != "release model" and g.group in keep]
     if not groups:
         return None
     ncols = min(3, len(envs))
@@ -257,11 +332,11 @@ def per_env_figure(a: Analysis) -> bytes | None:
                 xs = [look.dodge(g.group, p.budget_h) for p in curve]
                 ys = [p.estimate.per_env[env] for p in curve]
                 ci = [p.estimate.per_env_ci.get(env, (y, y)) for p, y in zip(curve, ys, strict=True)]
-                ax.errorbar(xs, ys, yerr=[[y - c[0] for y, c in zip(ys, ci, strict=True)],
-                                          [c[1] - y for y, c in zip(ys, ci, strict=True)]],
+                ax.errorbar(xs, ys, yerr=_bars(ys, ci),
                             color=look.color[g.group], ls=look.style[g.group], lw=2.2 if g.is_human else 1.3,
                             marker=look.marker[g.group], ms=4, capsize=2, elinewidth=0.9,
                             label=look.label[g.group])
+                _hack_marks(ax, a, list(zip(xs, ys, curve, strict=True)), env)
             ax.set_title(env)
             budgets = a.settings.budgets_h
             ticks = budgets if len(budgets) <= 5 else budgets[::2]  # every other one: room for the labels
@@ -339,7 +414,7 @@ def cost_figure(a: Analysis) -> bytes | None:
                     continue
                 xs = [x for x, _ in pts]
                 ys = [c.score for _, c in pts]
-                err = [[c.score - c.ci_low for _, c in pts], [c.ci_high - c.score for _, c in pts]]
+                err = _bars(ys, [(c.ci_low, c.ci_high) for _, c in pts])
                 ax.errorbar(xs, ys, yerr=err, marker=look.marker[g], ms=5, capsize=2, lw=1.4,
                             color=look.color[g], label=look.label[g])
             ax.set_xscale("log")
@@ -366,9 +441,12 @@ def percentile_figure(a: Analysis) -> bytes | None:
         several_humans = len({h for _, h in pairs}) > 1
         for agent, human in pairs:
             pts = sorted((c.budget_h, c.percentile) for c in comps if c.agent == agent and c.human == human)
-            ax.plot([look.dodge(agent, p[0], 0.1) for p in pts], [p[1] for p in pts],
+            xs = [look.dodge(agent, p[0], 0.1) for p in pts]
+            ax.plot(xs, [p[1] for p in pts],
                     marker=look.marker[agent], ms=5, lw=1.6, ls=look.style[agent], color=look.color[agent],
                     label=f"{look.label[agent]} vs {human}" if several_humans else look.label[agent])
+            _hack_marks(ax, a, [(x, y, alloc) for x, (b, y) in zip(xs, pts, strict=True)
+                                if (alloc := a.best_at(agent, b)) is not None])
         ax.axhline(50, color="grey", lw=0.8, ls=":")
         _hours_axis(ax, a.settings.budgets_h, "agent's total time budget per environment")
         ax.set_ylabel("chance of beating a human attempt (%)")
@@ -392,6 +470,44 @@ def _estimator(a: Analysis) -> str:
             "T = k·L.")
 
 
+def _hacks_text(a: Analysis) -> str:
+    """What the reward-hack marks mean, where any point carries one."""
+    if a.paper is None or not any(p.hacks_altered or p.hacks_kept for p in a.allocations):
+        return ""
+    altered = {r.run_id for r in a.paper.altered}
+    kept = [r for r in a.paper.suspects if r.run_id not in altered]
+    text = "Marks on points whose runs include a suspected reward hack:"
+    if altered:
+        text += (" a cross where the run was treated as a reward hack (its score changed under --hacks "
+                 f"{a.paper.hacks})")
+    if kept:
+        runs = ", ".join(f"{r.group} on {r.env_id} {r.released:.2f}" for r in kept)
+        text += ("," if altered else "") + f" a ring where a suspect is kept at its released score ({runs})"
+    return text + "."
+
+
+def _scales_text(a: Analysis) -> str:
+    """Our runs' scale, tier by tier, and which of them meet the paper's humans."""
+    if not a.normalisation:
+        return ""
+    parts = []
+    for tier, scale in (a.settings.scales or {"": a.settings.normalisation}).items():
+        at = f" at tier {tier}" if tier else ""
+        if scale == "paper" and tier in PAPER_SIZE_TIERS:
+            parts.append(f"Our runs{at} are on the paper-matched scale (the paper's start-to-reference gap "
+                         "from our measured start), as they are compared with the paper's humans.")
+        elif scale == "paper":
+            parts.append(f"Our runs{at} are on the paper-matched scale, but not compared with the paper's "
+                         "humans.")
+        else:
+            parts.append(f"Our runs{at} are on the measured scale (our start and reference).")
+    apart = [f"{a.apart(c)}: {', '.join(g.group for g in a.in_cohort(c))}" for c in a.cohorts() if a.apart(c)]
+    if apart:
+        parts.append("Kept apart from the paper's humans and agents (their own panel and tables, no ratio or "
+                     "percentage against the humans): " + "; ".join(apart) + ".")
+    return " ".join(parts)
+
+
 def _rows(a: Analysis) -> str:
     parts = []
     if a.paper is not None:
@@ -400,9 +516,10 @@ def _rows(a: Analysis) -> str:
                             for r in a.paper.altered)
         parts.append(f"Reward hacks (--hacks {a.paper.hacks}): {a.paper.hacks_text}"
                      + (f"; altered (†): {altered}." if altered else "; no run altered."))
+        parts.append(_hacks_text(a))
         parts.append("The release does not record scaffolds: each of its models pools its Modular and AIDE "
-                     "runs; the paper's two agents (solid colours, dashed) are kept apart from the release's "
-                     "other models (muted, dotted).")
+                     f"runs; the paper's agents ({', '.join(PAPER_AGENTS)}; solid colours, dashed) are kept "
+                     "apart from the release's other models (muted, dotted).")
     if a.dropped:
         parts.append("Left out (runs of a length not covering every environment): " + "; ".join(
             f"{d.group} {d.runs} × {fmt_hours(d.length_h)} ({len(d.environments)} envs)" for d in a.dropped)
@@ -410,12 +527,18 @@ def _rows(a: Analysis) -> str:
     elif a.settings.coverage == "covered":
         parts.append("Hollow markers: splits averaged over only the environments they cover (--coverage "
                      "covered).")
-    if a.normalisation:
-        parts.append("Our runs are on the " + ("paper-matched scale (the paper's start-to-reference gap from "
-                                                "our measured start), as they are compared with the paper's "
-                                                "humans." if a.settings.normalisation == "paper" else
-                                                "measured scale (our start and reference)."))
-    return " ".join(parts)
+    parts.append(_scales_text(a))
+    return " ".join(p for p in parts if p)
+
+
+def _mixed(a: Analysis, groups: set[str]) -> str:
+    """A warning where one figure draws groups of several cohorts (their scores mean different things)."""
+    cohorts = {g.cohort for g in a.groups if g.group in groups}
+    if len(cohorts) < 2:
+        return ""
+    names = sorted(a.apart(c) or "the paper's scale" for c in cohorts)
+    return (" Curves of different cohorts (" + "; ".join(names) + ") are on different footings: read each on "
+            "its own, not against the others.")
 
 
 def _why_humans(a: Analysis) -> str:
@@ -431,21 +554,25 @@ def _why_humans(a: Analysis) -> str:
 
 
 def budget_caption(a: Analysis) -> str:
+    apart = [c for c in a.cohorts() if a.apart(c)]
+    panels = (" Each cohort not comparable with the paper's humans has a panel of its own, on its own axis, "
+              "with no human of another cohort in it." if apart and len(a.cohorts()) > 1 else "")
     return (f"score@k against the total time budget per environment. {_estimator(a)}"
-            + _why_humans(a) + " " + _rows(a))
+            + _why_humans(a) + panels + " " + _rows(a))
 
 
 def k_caption(a: Analysis) -> str:
     return ("score@k against k for a fixed run length (one panel per length, every k the budgets allow; "
-            f"splits over every environment only). {_estimator(a)} Humans appear in the 8-hour panel. "
-            + _rows(a))
+            f"splits over every environment only). {_estimator(a)} Humans appear in the 8-hour panel."
+            + _first_cohort(a)[1] + " " + _rows(a))
 
 
 def per_env_caption(a: Analysis) -> str:
     return ("Each environment on its own: the exact expected best of k at each group's best split of the "
             "budget (the split that is best on average, so per environment it is not always the best one), "
             f"with its {a.settings.level:.0%} percentile-bootstrap interval; the release's other models are "
-            "left out for legibility (they are in the tables)." + _why_humans(a) + " " + _rows(a))
+            "left out for legibility (they are in the tables)." + _first_cohort(a)[1] + _why_humans(a) + " "
+            + _rows(a))
 
 
 def over_time_caption(a: Analysis) -> str:
@@ -455,18 +582,20 @@ def over_time_caption(a: Analysis) -> str:
             f"scorings, averaged over runs and then over environments; shaded: {a.settings.level:.0%} "
             f"bootstrap interval. Groups with score logs: {', '.join(groups)}. The paper's release has no "
             "score logs, so its runs and humans are not here; a human's run appears when its Inspect log "
-            "(the human agent) is given.")
+            "(the human agent) is given." + _mixed(a, set(groups)))
 
 
 def percentile_caption(a: Analysis) -> str:
     return ("The chance that an agent's best of k at each budget beats a random single human attempt in the "
             "same environment (ties count half), averaged over the environments of its split; exact, from "
-            "the runs' empirical distributions. " + _rows(a))
+            "the runs' empirical distributions; each agent only against the humans of its own cohort (none "
+            "against the paper's humans unless at the paper's size and scale). " + _rows(a))
 
 
 def cost_caption(a: Analysis) -> str:
     return ("score@k at each budget's best split against what its k runs cost per environment: the agent's "
-            "model dollars (else tokens) and GPU-hours (GPUs held × working time), means over runs times k.")
+            "model dollars (else tokens) and GPU-hours (GPUs held × working time), means over runs times k."
+            + _mixed(a, {c.group for c in a.cost}))
 
 
 FIGURES: dict[str, tuple[str, Callable[[Analysis], bytes | None], Callable[[Analysis], str]]] = {

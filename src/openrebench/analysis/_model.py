@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -76,6 +77,9 @@ class Attempt(BaseModel):
                                           "Empty for the paper's own runs, which are on the paper's scale.")
     trajectories: dict[Normalisation, list[tuple[float, float | None]]] = Field(
         default_factory=dict, description="The score log on each scale, as `scores`.")
+    scale: Normalisation | None = Field(default=None, description=(
+        "Our runs: the scale `score` is on, once the analysis has chosen one (None: not chosen yet, or the "
+        "paper's own runs, which are on the paper's scale)."))
     constants: NormConstants | None = Field(default=None, description="Our runs: the constants measured "
                                                                       "for the run (its fingerprint).")
     paper_constants: NormConstants | None = Field(default=None, description="The paper's constants used "
@@ -157,20 +161,23 @@ class Dataset(BaseModel):
         return sorted({a.env_id for a in self.attempts})
 
 
-def with_normalisation(data: Dataset, which: Normalisation) -> tuple[Dataset, list[str]]:
+def with_normalisation(data: Dataset, which: Normalisation,
+                       tiers: Mapping[str, Normalisation] | None = None) -> tuple[Dataset, list[str]]:
     """The data with our runs' scores and score logs on one scale (the paper's runs are on the paper's
-    already), and a note for runs that have no score on that scale (kept on the measured one)."""
+    already), or on the scale `tiers` names for a run's tier (`which` for the others), and a note for runs
+    that have no score on that scale (kept on the measured one)."""
     attempts, lacking = [], 0
     for a in data.attempts:
         if not a.scores:
             attempts.append(a)
             continue
-        if which not in a.scores:
+        wanted = (tiers or {}).get(a.tier, which)
+        if wanted not in a.scores:
             lacking += 1
             which_here: Normalisation = "measured"
         else:
-            which_here = which
-        attempts.append(a.model_copy(update={"score": a.scores[which_here],
+            which_here = wanted
+        attempts.append(a.model_copy(update={"score": a.scores[which_here], "scale": which_here,
                                              "trajectory": a.trajectories.get(which_here, a.trajectory)}))
     notes = [f"{lacking} of our runs have no paper-matched score (their environment declares no paper "
              "constants): they stay on the measured scale"] if lacking else []

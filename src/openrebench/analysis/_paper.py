@@ -40,6 +40,10 @@ HUMAN_ATTEMPT_HOURS = 8.0
 # The two agents of the paper's main comparison (arXiv 2411.15114, section 4); the release also
 # holds older models and o1, which the first version of the paper did not evaluate.
 PAPER_MAIN_AGENTS: tuple[str, ...] = ("Claude 3.5 Sonnet (New)", "o1-preview")
+# Every agent the paper evaluated: its main two, and Claude 3.5 Sonnet (Old) (claude-3-5-sonnet-20240620),
+# which the paper ran too (30-minute runs in the release). Figures and tables label these as the paper's
+# agents, and the release's other models as the release's.
+PAPER_AGENTS: tuple[str, ...] = (*PAPER_MAIN_AGENTS, "Claude 3.5 Sonnet (Old)")
 
 HumanRows = Literal["real", "likely71"]
 Hacks = Literal["paper", "keep", "zero", "cap"]

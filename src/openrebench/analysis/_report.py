@@ -10,6 +10,7 @@ from pathlib import Path
 from openrebench.api import OpenRebenchError
 
 from ._analysis import Analysis
+from ._estimators import SE_FLOOR
 from ._figures import FIGURES
 from ._tables import TableSpec, all_tables, treatment_tables
 
@@ -17,8 +18,8 @@ MISSING = {
     "budget": "No group has runs in every environment of the analysis, so there is no score@k curve.",
     "k": "No score@k curves to draw against k.",
     "per_env": "No score@k curves to break down.",
-    "percentile": "No human attempts in the data to compare agents with (add --paper, or logs of the "
-                  "human agent).",
+    "percentile": "No human attempts in the data to compare agents with (add --paper, whose humans meet "
+                  "full-tier runs only, or logs of the human agent at the agents' tier).",
     "over_time": "No score logs in the data (the paper's release has final scores only).",
     "cost": "No token, dollar or GPU-hour data (the paper's release has none; mini-tier runs use no GPU).",
 }
@@ -70,6 +71,15 @@ scorings, averaged over runs and then over environments.</li>
 <li><b>Against humans</b>: agent/human ratio of score@k at the same budget, and the chance that an
 agent's best of k beats a random human attempt in the same environment (ties count half), averaged
 over environments.</li>
+<li><b>Who is compared with whom</b>: the paper's humans worked on the paper's full-size tasks, on the
+paper's scale, so only the paper's agents and our full-tier runs on the paper-matched scale are set
+against them. Our runs of another tier (mini), or on the measured scale, form cohorts of their own:
+their own tables and figure panel, marked "not comparable with the paper's humans", compared only
+with humans of the same cohort (a person's own runs with the human agent).</li>
+<li><b>Standard-error floor</b>: the z between the sampling and the exact estimate divides by the
+sampling standard error floored at {se_floor} normalised units (the estimator table's last digit): runs with
+(near-)identical scores have an SE of round-off alone. Where the floor was used, the notes and the
+estimator table say so; a ratio over a human score below it is not given.</li>
 </ul>
 """
 
@@ -116,7 +126,8 @@ def render_report(a: Analysis, title: str = "openrebench analysis") -> str:
                      "</figure>")
     parts.append("<h2>Tables</h2>" + "".join(_table_html(t) for t in tables.values()))
     hidden = ", ".join(a.settings.hidden_score) or "none in this analysis"
-    parts.append("<h2>Methods</h2>" + METHODS.replace("{hidden}", html.escape(hidden)))
+    parts.append("<h2>Methods</h2>" + METHODS.replace("{hidden}", html.escape(hidden))
+                 .replace("{se_floor}", f"{SE_FLOOR:g}"))
     if a.warnings or a.notes:
         parts.append("<h2>Warnings and caveats</h2><ul>"
                      + "".join(f"<li class='warn'>{html.escape(w)}</li>" for w in a.warnings)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._analysis import Analysis
+from ._analysis import Analysis, GroupSummary
 from ._budget import fmt_hours
+from ._cohorts import PAPER_SIZE_TIERS
+from ._estimators import SE_FLOOR
 
 DISAGREE_Z = 3.0
 # Percentile intervals of best-of-k undercover once k exceeds about a fifth of the runs
@@ -49,13 +53,42 @@ def _count(value: float | None) -> str:
 ALTERED_MARK = "†"
 
 
-def _scale(a: Analysis) -> str:
-    return "paper-matched" if a.settings.normalisation == "paper" else "measured"
+SCALE_NAMES = {"paper": "paper-matched", "measured": "measured"}
 
 
-def _ours_on(a: Analysis) -> str:
-    """Which scale our runs are on, where there are any of ours."""
-    return f" Our runs on the {_scale(a)} scale." if a.normalisation else ""
+def _scale(a: Analysis, tiers: set[str] | None = None) -> str:
+    """Our runs' scale (of those `tiers`, where given), by tier where the tiers differ."""
+    scales = {t: s for t, s in a.settings.scales.items() if tiers is None or t in tiers}
+    if not scales:
+        return SCALE_NAMES[a.settings.normalisation]
+    if len(set(scales.values())) == 1:
+        return SCALE_NAMES[next(iter(scales.values()))]
+    return ", ".join(f"{SCALE_NAMES[s]} at tier {t}" for t, s in scales.items())
+
+
+def _ours_on(a: Analysis, groups: list[GroupSummary] | None = None) -> str:
+    """Which scale our runs (those among `groups`, where given) are on, where there are any."""
+    tiers = None if groups is None else {t for g in groups for t in g.tiers if t in a.settings.scales}
+    if not a.normalisation or tiers == set():
+        return ""
+    return f" Our runs on the {_scale(a, tiers)} scale."
+
+
+def _by_cohort(a: Analysis, key: str, make: Callable[[Analysis, list[GroupSummary]], TableSpec]
+               ) -> list[TableSpec]:
+    """One table per cohort: the paper's (or the first) under `key`, and each cohort kept apart from the
+    paper's humans in a table of its own, marked so in its title and caption."""
+    out = []
+    for i, cohort in enumerate(a.cohorts()):
+        t = make(a, a.in_cohort(cohort))
+        if i:
+            t.key = f"{key}_{re.sub(r'[^a-z0-9]+', '_', cohort.lower()).strip('_')}"
+        if (apart := a.apart(cohort)) is not None:
+            t.title += f": {apart}"
+            t.caption = (f"{apart[0].upper()}{apart[1:]}: our runs at {cohort}, shown apart and never set "
+                         "against the paper's humans or agents. " + t.caption)
+        out.append(t)
+    return out
 
 
 def _marked(a: Analysis, group: str) -> str:
@@ -63,29 +96,33 @@ def _marked(a: Analysis, group: str) -> str:
     return group + (f" {ALTERED_MARK}" if g is not None and g.altered else "")
 
 
-def altered_caption(a: Analysis) -> str:
-    """What the † mark means, where any run was altered (else empty)."""
-    if a.paper is None or not a.paper.altered:
+def altered_caption(a: Analysis, groups: list[GroupSummary] | None = None) -> str:
+    """What the † mark means, where any run (of `groups`, where given) was altered (else empty)."""
+    if a.paper is None or not a.paper.altered or (groups is not None and not any(g.altered for g in groups)):
         return ""
     runs = "; ".join(f"{r.group} on {r.env_id} {r.released:.2f} → {r.used:.2f}" for r in a.paper.altered)
     return (f" {ALTERED_MARK} {len(a.paper.altered)} run(s) altered as reward hacks (--hacks "
             f"{a.paper.hacks}): {runs}.")
 
 
-def groups_table(a: Analysis) -> TableSpec:
+def groups_tables(a: Analysis) -> list[TableSpec]:
+    return _by_cohort(a, "groups", groups_table)
+
+
+def groups_table(a: Analysis, groups: list[GroupSummary] | None = None) -> TableSpec:
     t = TableSpec("groups", "Runs by group", ["group", "kind", "runs", "environments", "run lengths",
                                               "mean score", "> 0", "≥ reference", "agent tokens / run",
                                               "agent $ / run", "env model tokens / run", "env models $ / run",
                                               "GPU-h / run"],
                   numeric=set(range(5, 13)) | {2},
                   caption="Final normalised scores of single runs (0 = starting solution, 1 = reference)."
-                          + _ours_on(a) + " Kind: ours (with the agent, our scaffold), the paper's two "
+                          + _ours_on(a, groups) + " Kind: ours (with the agent, our scaffold), the paper's "
                           "agents, or the release's other models (the release records no scaffold: each "
                           "model pools its Modular and AIDE runs). Agent: the agent's own model calls "
                           "(Inspect's usage). Env models: the environment's model calls through the "
-                          "harness's gateway, kept apart." + altered_caption(a))
+                          "harness's gateway, kept apart." + altered_caption(a, groups))
     kinds = {"human": "human", "paper agent": "paper's agent", "release model": "release only"}
-    for g in a.groups:
+    for g in a.groups if groups is None else groups:
         envs = f"{len(g.runs_by_env)}/{len(a.settings.environments)}"
         kind = kinds.get(g.kind) or (f"ours ({g.scaffold})" if g.scaffold else "ours")
         t.rows.append([_marked(a, g.group), kind, str(g.runs), envs,
@@ -96,7 +133,11 @@ def groups_table(a: Analysis) -> TableSpec:
     return t
 
 
-def budget_table(a: Analysis) -> TableSpec:
+def budget_tables(a: Analysis) -> list[TableSpec]:
+    return _by_cohort(a, "budget", budget_table)
+
+
+def budget_table(a: Analysis, groups: list[GroupSummary] | None = None) -> TableSpec:
     budgets = a.settings.budgets_h
     t = TableSpec("budget", "score@k against total time budget (best split per group)",
                   ["group", *(fmt_hours(b) for b in budgets)], numeric=set(range(1, len(budgets) + 1)),
@@ -105,8 +146,8 @@ def budget_table(a: Analysis) -> TableSpec:
                           f"covered); {a.settings.level:.0%} percentile-bootstrap interval; the split "
                           "(k × run length) below. Humans below their attempt length: the score reached by "
                           "then (needs score logs; the paper's release has none, so its humans start at 8 h)."
-                          + altered_caption(a))
-    for g in a.groups:
+                          + _ours_on(a, groups) + altered_caption(a, groups))
+    for g in a.groups if groups is None else groups:
         cells = []
         for b in budgets:
             alloc = a.best_at(g.group, b)
@@ -121,32 +162,46 @@ def budget_table(a: Analysis) -> TableSpec:
 
 
 def comparison_table(a: Analysis, budgets: tuple[float, ...] = (2.0, 8.0, 32.0)) -> TableSpec:
+    several = len({c.human for c in a.comparisons}) > 1
+    apart = [g.group for g in a.groups if g.not_comparable and not g.is_human]
+    compared = {c.agent for c in a.comparisons} | {c.human for c in a.comparisons}
+    members = [g for g in a.groups if g.group in compared]
     t = TableSpec("humans", "Agents against human experts",
-                  ["agent", "budget", "agent score", "split", "humans", "agent / humans",
+                  ["agent", "budget", "agent score", "split", "human group", "humans", "agent / humans",
                    "beats a human attempt"],
-                  numeric={2, 4, 5, 6},
+                  numeric={2, 5, 6, 7},
                   caption="Humans on the same environments as the agent's split. 'beats a human attempt': "
                           "chance that the agent's best of k beats a random human attempt in the same "
-                          "environment, averaged over environments." + _ours_on(a) + altered_caption(a))
+                          "environment, averaged over environments. Agents are set only against humans of "
+                          "their own cohort: the paper's humans only against the paper's agents and our "
+                          "full-tier runs on the paper-matched scale." + _ours_on(a, members)
+                          + (f" Not compared with the paper's humans: {', '.join(apart)}." if apart else "")
+                          + altered_caption(a))
     for c in a.comparisons:
         if c.budget_h not in budgets:
             continue
         ratio = "—" if c.ratio is None else f"{c.ratio:.2f}×" + (
             f" {_ci(*c.ratio_ci)}" if c.ratio_ci else "")
         t.rows.append([_marked(a, c.agent), fmt_hours(c.budget_h), _f(c.agent_score), c.agent_allocation,
-                       _f(c.human_score),
-                       ratio if c.ratio is not None else "— (no human score logs)",
+                       c.human if several else "—", _f(c.human_score),
+                       ratio if c.ratio is not None else "— (no human score logs)" if c.human_score is None
+                       else f"— (humans below {SE_FLOOR:g})",
                        "—" if c.percentile is None else f"{c.percentile:.0f}%"])
     return t
 
 
-def per_env_table(a: Analysis) -> TableSpec:
+def per_env_tables(a: Analysis) -> list[TableSpec]:
+    return _by_cohort(a, "per_env", per_env_table)
+
+
+def per_env_table(a: Analysis, members: list[GroupSummary] | None = None) -> TableSpec:
     budget = 8.0 if 8.0 in a.settings.budgets_h else max(a.settings.budgets_h)
-    groups = [g.group for g in a.groups if a.best_at(g.group, budget)]
+    groups = [g.group for g in (a.groups if members is None else members) if a.best_at(g.group, budget)]
     t = TableSpec("per_env", f"score@k per environment at a {fmt_hours(budget)} budget",
                   ["environment", *groups], numeric=set(range(1, len(groups) + 1)),
                   caption=f"Each group's best split at this budget (see the budget table), with its "
-                          f"{a.settings.level:.0%} percentile-bootstrap interval." + altered_caption(a))
+                          f"{a.settings.level:.0%} percentile-bootstrap interval." + _ours_on(a, members)
+                          + altered_caption(a, members))
     for env in a.settings.environments:
         row = [env]
         for g in groups:
@@ -189,16 +244,22 @@ def estimator_table(a: Analysis, limit: int | None = 15) -> TableSpec:
     rows.sort(key=lambda r: (-r[0], r[1].budget_h))
     n = len(a.allocations)
     worst = max((abs(al.estimate.disagreement_z) for al in a.allocations), default=0.0)
+    floored = sum(al.estimate.se_floored for al in a.allocations)
     t = TableSpec("estimators", "Sampling (paper) against exact score@k",
                   ["group", "budget", "split", "exact", "sampled ± SE", "z", "note"], numeric={3, 4, 5},
                   caption=f"{n} splits computed; largest |sampled − exact| is {worst:.1f} sampling SEs "
                           f"({a.settings.sims} draws each). Listed: |z| ≥ {DISAGREE_Z:g}, or k above a "
                           f"{FEW_RUNS_RATIO}th of the runs available"
-                          + (f" (first {limit})" if limit and len(rows) > limit else "") + ".")
+                          + (f" (first {limit})" if limit and len(rows) > limit else "") + "."
+                          + (f" The SE is floored at {SE_FLOOR:g} normalised units (this table's last "
+                             f"digit), as it was in {floored} of the {n} splits (marked 'floor'): "
+                             "(near-)identical runs give an SE of round-off alone, which would turn a "
+                             "round-off difference into an enormous z." if floored else ""))
     for _, al, note in rows[:limit]:
         e = al.estimate
+        se = f"{SE_FLOOR:.3f} (floor)" if e.se_floored else f"{e.sampled_se:.3f}"
         t.rows.append([al.group, fmt_hours(al.budget_h), al.label, f"{e.exact:.3f}",
-                       f"{e.sampled:.3f} ± {e.sampled_se:.3f}", f"{e.disagreement_z:+.1f}", note])
+                       f"{e.sampled:.3f} ± {se}", f"{e.disagreement_z:+.1f}", note])
     return t
 
 
@@ -302,6 +363,16 @@ def dropped_table(a: Analysis) -> TableSpec | None:
     return t
 
 
+def _small_tiers(a: Analysis) -> str:
+    """The caveat of a paper-matched score at a tier smaller than the paper's, where there are such runs."""
+    tiers = sorted({t for t in a.settings.scales if t not in PAPER_SIZE_TIERS})
+    if not tiers:
+        return ""
+    return (f" At tier {', '.join(tiers)} the paper-matched score takes the full tier's paper constants for "
+            "reference only: the task is smaller than the paper's, so it is not comparable with the paper's "
+            "humans.")
+
+
 def normalisation_table(a: Analysis) -> TableSpec | None:
     if not a.normalisation:
         return None
@@ -312,7 +383,7 @@ def normalisation_table(a: Analysis) -> TableSpec | None:
                   caption="Measured: 0 = our start, 1 = our reference, both measured on our hardware. "
                           "Paper-matched: the improvement over our start in units of the paper's "
                           "start-to-reference gap (raw-score units), so that a score means what it means for "
-                          f"the paper's humans. This analysis uses the {_scale(a)} scale.")
+                          f"the paper's humans. This analysis uses the {_scale(a)} scale." + _small_tiers(a))
     for r in a.normalisation:
         paper = (f"{r.paper_start:.3f} → {r.paper_reference:.3f}" if r.paper_start is not None
                  and r.paper_reference is not None else "—")
@@ -326,7 +397,8 @@ def normalisation_budget_table(a: Analysis) -> TableSpec | None:
         return None
     t = TableSpec("normalisation_budgets", "Our score@k on both scales",
                   ["group", "budget", "split", "measured", "paper-matched"], numeric={3, 4},
-                  caption=f"Exact score@k of our groups (this analysis uses the {_scale(a)} scale).")
+                  caption=f"Exact score@k of our groups (this analysis uses the {_scale(a)} scale)."
+                          + _small_tiers(a))
     for r in a.normalisation_budgets:
         t.rows.append([r.group, fmt_hours(r.budget_h), r.allocation, _f(r.measured), _f(r.paper)])
     return t
@@ -371,8 +443,8 @@ def treatment_tables(a: Analysis) -> list[TableSpec]:
 
 
 def all_tables(a: Analysis, *, full: bool = False) -> list[TableSpec]:
-    tables = [claims_table(a), headline_table(a), *treatment_tables(a), groups_table(a), budget_table(a),
-              comparison_table(a), per_env_table(a), alternatives_table(a),
+    tables = [claims_table(a), headline_table(a), *treatment_tables(a), *groups_tables(a), *budget_tables(a),
+              comparison_table(a), *per_env_tables(a), alternatives_table(a),
               estimator_table(a, None if full else 15)]
     if a.cost:
         tables.append(cost_table(a))

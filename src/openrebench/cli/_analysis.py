@@ -111,8 +111,9 @@ def build_analysis(paths: list[Path], paper: bool, envs: list[str] | None, budge
     if paper:
         paper_data = load_paper(**choices.options)
         if paths:
-            paper_data.notes.append("the paper's runs are full-scale H100 runs; runs from the logs share "
-                                    "only the normalisation with them (0 = start, 1 = reference)")
+            paper_data.notes.append("the paper's runs are full-scale H100 runs: only runs from the logs at "
+                                    "the full tier, on the paper-matched scale, are compared with them; runs "
+                                    "of other tiers are shown apart")
         data = data + paper_data
     analysis = analyze(data, environments=environments, budgets=budget_list, max_budget_h=max_budget,
                        boots=boots, sims=sims, seed=seed, coverage=choices.coverage,  # type: ignore[arg-type]
