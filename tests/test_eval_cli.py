@@ -67,7 +67,7 @@ def test_a_gpu_tier_on_a_machine_without_gpus_fails_before_inspect_starts(
     ({"time_limit": 1e12}, "time_limit 1e+12 is out of range"),
     ({"time_limit": "30m"}, "time_limit '30m' is not a number of seconds"),
     ({"tier": "huge"}, "unknown tier 'huge' for optimize_kernel (known: mini, full)"),
-    ({"agent": "gpt"}, "unknown agent 'gpt' (known: human, oracle, react)"),
+    ({"agent": "gpt"}, "unknown agent 'gpt' (known: aide, human, modular, oracle, react)"),
     ({"isolation": "docker"}, "unknown isolation 'docker' (known: auto, bwrap, none)"),
 ])
 def test_bad_task_args_give_one_line(args: dict[str, object], message: str) -> None:

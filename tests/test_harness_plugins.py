@@ -81,9 +81,9 @@ def toy_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_the_built_ins_are_found_as_modules() -> None:
-    assert harness.AGENTS == ("human", "oracle", "react")
+    assert harness.AGENTS == ("aide", "human", "modular", "oracle", "react")
     assert harness.ISOLATIONS == ("auto", "bwrap", "none")
-    assert [a.needs_model for a in agents.agent_specs().values()] == [False, False, True]
+    assert [a.needs_model for a in agents.agent_specs().values()] == [True, False, True, False, True]
     assert agents.get_agent("react").limits(3600).messages == 300
     assert agents.get_agent("oracle").limits(3600) == harness.Limits()
     assert backends.get_backend("bwrap").sandboxed_scoring and backends.get_backend("bwrap").leases_gpus
@@ -94,7 +94,7 @@ def test_a_plug_in_package_adds_an_agent_and_a_backend(toy_lab: None) -> None:
     with pytest.warns(UserWarning) as caught:
         names = harness.AGENTS
     said = " | ".join(str(w.message) for w in caught)
-    assert names == ("echo", "human", "oracle", "react")
+    assert names == ("aide", "echo", "human", "modular", "oracle", "react")
     assert "'broken' (toy_lab_missing:AGENT) is skipped: ModuleNotFoundError" in said
     assert "'odd' (toy_lab:NOT_A_SPEC) is skipped" in said and "not an openrebench AgentSpec" in said
     assert "the name 'react' is taken by openrebench.harness.agents.react" in said
@@ -118,12 +118,14 @@ def test_the_cli_and_the_task_read_the_registries(toy_lab: None) -> None:
     assert result.exit_code == 1 and "error: the echo agent needs --model" in result.output, result.output
     result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--isolation", "fake"])
     assert result.exit_code == 1 and "error: --isolation fake: no fake here" in result.output, result.output
-    with pytest.raises(TaskArgError, match=r"unknown agent 'gpt' \(known: echo, human, oracle, react\)"):
+    known = r"\(known: aide, echo, human, modular, oracle, react\)"
+    with pytest.raises(TaskArgError, match=r"unknown agent 'gpt' " + known):
         environment_tasks()["optimize_kernel"](agent="gpt")
 
 
 def test_bad_names_give_one_line() -> None:
-    with pytest.raises(OpenRebenchError, match=r"^unknown agent 'gpt' \(known: human, oracle, react\)$"):
+    known = r"\(known: aide, human, modular, oracle, react\)"
+    with pytest.raises(OpenRebenchError, match=r"^unknown agent 'gpt' " + known + "$"):
         agents.get_agent("gpt")
     with pytest.raises(ValidationError, match=r"unknown isolation 'docker' \(known: auto, bwrap, none\)"):
         SandboxConfig(env_id="optimize_kernel", isolation="docker")
