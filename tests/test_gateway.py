@@ -636,3 +636,14 @@ def test_openai_compatible_backend_passes_through_retries_busy_upstreams_and_rep
     assert [(r["endpoint"], r["status"], r["prompt_tokens"]) for r in rows] == [
         ("completions", 200, 2), ("chat", 200, 5), ("chat", 400, 0), ("chat", 503, 0)]  # retries uncharged
     assert UsageLog(tmp_path / "usage.jsonl").totals().failures == 2
+
+
+def test_a_batch_of_echoes_is_not_bounded_by_the_servers_slots() -> None:
+    """The likelihood judge scores 16 texts a request by echo (nothing generated): the offline server's 4
+    slots bound generations, not echoes; a generating batch past them is still refused, saying so."""
+    from openrebench.gateway._limits import Refusal, limit
+
+    echo = {"prompt": ["Answer: yes"] * 16, "echo": True, "max_tokens": 0, "logprobs": 0}
+    assert limit(echo, 10_000, 100, "the budget", max_choices=4) == 0
+    with pytest.raises(Refusal, match="takes at most 4 choices"):
+        limit({"prompt": ["Answer:"] * 16, "max_tokens": 5}, 10_000, 100, "the budget", max_choices=4)

@@ -4,7 +4,8 @@ Some environments call a language model from inside the network-less sandbox: th
 scorer that grades with a model. They get no provider key and no network. Instead the harness runs a
 gateway on a Unix socket that the sandbox sees (and, for unmodified clients, `gateway-forward` relays
 127.0.0.1:PORT inside the sandbox to it). The gateway speaks OpenAI's API (`/v1/chat/completions`,
-`/v1/completions`, `/v1/models`), so any OpenAI client works with a base URL and a token.
+`/v1/completions`, `/v1/responses`, `/v1/models`; streamed or whole), so any OpenAI client works with a
+base URL and a token.
 
 - Keys stay in the harness: a backend (`InspectBackend` for any Inspect provider,
   `OpenAICompatibleBackend` for llama.cpp, vLLM or a hosted API) holds them; a run holds only a bearer
@@ -27,11 +28,11 @@ from ._backends import (
     Backend,
     BackendError,
     BackendUnavailable,
-    InspectBackend,
     OpenAICompatibleBackend,
     Unsupported,
 )
 from ._forwarder import exec_prefix, forwarder_command, install_forwarder
+from ._inspect import InspectBackend
 from ._local import INSPECT_MODEL as LOCAL_INSPECT_MODEL
 from ._local import MODEL_NAME as LOCAL_MODEL_NAME
 from ._local import LocalEndpoint, LocalModelServer, local_model_path, shared_local_server

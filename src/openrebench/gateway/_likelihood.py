@@ -14,6 +14,7 @@ through llama.cpp gave 4 (bfloat16 compute, emulated on CPUs without native bflo
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -145,15 +146,48 @@ class Likelihood:
         return out
 
 
+# Chat parameters llama.cpp takes and drops with the offline model (its template has no tool format, it
+# does not reason, it reads text only): refused, so that a client learns it was not served as asked.
+NO_TOOLS = "its chat template has no tool format (use a hosted or vLLM model for tool calls)"
+IGNORED_BY_LOCAL = {"tools": NO_TOOLS, "functions": NO_TOOLS, "parallel_tool_calls": NO_TOOLS,
+                    "reasoning_effort": "it is not a reasoning model",
+                    "verbosity": "it is not a reasoning model", "audio": "it reads and writes text only",
+                    "prediction": "llama.cpp takes no predicted output",
+                    "web_search_options": "it has no web search"}
+
+
 class LocalModelBackend:
     """The offline model's backend: llama.cpp's server for everything but `echo` completions, which the
-    PyTorch copy scores (`Likelihood`). Only `max_tokens: 0` is taken with `echo` (the prompt alone)."""
+    PyTorch copy scores (`Likelihood`). Only `max_tokens: 0` is taken with `echo` (the prompt alone).
+    Streams as llama.cpp does, a token an event (an echo comes whole); takes at most `max_choices`
+    choices a request (`n`: the server's slots)."""
 
     def __init__(self, upstream: Any, likelihood: Likelihood) -> None:
         self.upstream, self.likelihood = upstream, likelihood
         self.name = upstream.name
         self.capacity = upstream.capacity
+        self.max_choices = upstream.capacity  # llama.cpp refuses `n` past its slots
         self.usage_counts_one_choice = upstream.usage_counts_one_choice
+
+    def check(self, kind: str, body: dict[str, Any]) -> None:
+        """Refuse what llama.cpp would take and drop (tools above all: the base model cannot call them)."""
+        from ._backends import Unsupported
+
+        if kind != "chat":
+            return
+        asked = [k for k in IGNORED_BY_LOCAL if body.get(k) not in (None, [], False)]
+        for key in ("tool_choice", "function_call"):
+            if body.get(key) not in (None, "none", "auto"):
+                asked.append(key)
+        if body.get("modalities") not in (None, ["text"]):
+            asked.append("modalities")
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        if any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") in ("tool", "function"))
+               for m in messages):
+            asked.append("tool calls in messages")
+        if asked:
+            why = IGNORED_BY_LOCAL.get(asked[0], NO_TOOLS)
+            raise Unsupported(f"the offline model ({self.name}) does not take {', '.join(asked)}: {why}")
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.upstream.chat(body)
@@ -162,6 +196,16 @@ class LocalModelBackend:
         if not body.get("echo"):
             return await self.upstream.complete(body)
         return await self._echo(body)
+
+    async def stream(self, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        if kind == "completions" and body.get("echo"):
+            from ._streaming import whole_as_chunks
+
+            for chunk in whole_as_chunks(await self._echo(body), kind):
+                yield chunk
+            return
+        async for chunk in self.upstream.stream(kind, body):
+            yield chunk
 
     async def aclose(self) -> None:
         await self.upstream.aclose()

@@ -20,8 +20,7 @@ import secrets
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,20 @@ from openrebench.base import OpenRebenchError
 
 from ._backends import Backend, BackendError
 from ._fair import DEFAULT_CAPACITY, FairQueue
+from ._limits import (  # noqa: F401 - MAX_CHOICES and CAP_UNASKED: the gateway's limits, named here too
+    CAP_UNASKED,
+    MAX_CHOICES,
+    Refusal,
+    json_bytes,
+    limit,
+    not_granted_args,
+    prompt_bound,
+    too_large,
+)
 from ._prices import find_price
+from ._responses import STATELESS, ResponsesRelay, from_chat, to_chat
+from ._sites import GatewayThread, GrantSite
+from ._streaming import ChatRelay, Relay, StreamMeter, whole_as_chunks
 from ._usage import Totals, UsageLog, cost_usd
 
 logger = logging.getLogger(__name__)
@@ -40,25 +52,12 @@ logger = logging.getLogger(__name__)
 MAX_BODY = 1 << 20  # bytes of one request: a long chat fits many times over
 REQUEST_TIMEOUT_S = 600.0  # one model call, waiting for a free slot included
 CONCURRENCY = 16  # model calls of one run at once
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-MAX_CHOICES = 16  # `n` of one request: each choice is charged, and held against the budget meanwhile
-CAP_UNASKED = 4096  # completion tokens per choice for a request that names no `max_tokens`, under a budget:
-# imposed as its `max_tokens` and held (less where less remains; any model takes a cap this small)
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
 MAX_PENDING = 128  # requests of one grant in flight or waiting for a slot: more are refused at once (each
 # holds a connection, hence a file descriptor of the harness, until it ends)
+STREAM_WRITE_TIMEOUT_S = 30.0  # a streaming client this long without taking in an event is dropped
 KEEPALIVE_S = 15.0  # a connection idle this long (a new one that sent nothing too) is closed: each is a
 # file descriptor of the harness's process, which serves every run
-# The prompt's bound (`prompt_bound`). Byte-level BPE tokenizers (GPT-2, tiktoken, Llama 3) and
-# SentencePiece with byte fallback (Gemma, the offline model) never make a token of less than one UTF-8
-# byte, so the bytes of the text bound its tokens, whatever the text (multibyte characters, rare
-# scripts, random bytes), and the bytes of a structure written as JSON (tools, tool calls) bound it
-# rendered as JSON; the constants bound what a provider adds around them: chat-template tokens of one
-# message (role header and separators: 3 to 5 in ChatML, Llama 3, Gemma, OpenAI's count), of one request
-# (BOS, the assistant's header, Llama 3.1's default system header: about 30), and a tool-use preamble
-# (Anthropic documents 264 to 346 tokens).
-PROMPT_TOKENS_PER_MESSAGE = 8
-PROMPT_TOKENS_PER_REQUEST = 64
-PROMPT_TOKENS_FOR_TOOLS = 512
 
 
 @dataclass(frozen=True)
@@ -135,13 +134,15 @@ class Grant:
         see `prompt_bound`) plus its completion cap times its choices, the cap shrunk (and imposed) to what
         remains; refused (429) when even one token a choice does not fit. Gives the completion tokens
         and the dollars held, and whether a budget capped the request."""
-        price = self.prices[role]
+        price, model = self.prices[role], self.roles[role]
         who = "this scoring" if self.phase == "scoring" else "the run"
+        most = getattr(model.backend, "max_choices", None)
 
         def decide(spent: Totals, held_tokens: int, held_usd: float
                    ) -> tuple[int, float, tuple[int, float, bool]]:
             room, what = self.room(price, prompt, spent, (held_tokens, held_usd))
-            completion = _limit(body, room, prompt, f"{who}'s {what}")
+            completion = limit(body, room, prompt, f"{who}'s {what}", max_choices=most,
+                               model=model.model_name)
             usd = cost_usd(price, prompt, completion)
             return prompt + completion, usd, (completion, usd, room is not None)
 
@@ -166,14 +167,6 @@ class Grant:
             return (f"budget exceeded: {who} has used {t.tokens:,} of its {self.budget.tokens:,} "
                     "token budget")
         return None
-
-
-class _Refusal(Exception):
-    def __init__(self, status: int, message: str, type: str, code: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type, code
-        self.headers = dict(headers or {})
 
 
 def error_response(status: int, message: str, type: str, code: str | None = None,
@@ -224,7 +217,7 @@ class Gateway:
         self._logs: dict[Path, UsageLog] = {}
         self._backends: dict[int, Backend] = {}
         self._queues: dict[int, FairQueue] = {}  # by backend: its fair share among grants
-        self._sites: dict[str, _GrantSite] = {}  # by token digest: the grants' own sockets
+        self._sites: dict[str, GrantSite] = {}  # by token digest: the grants' own sockets
         self._by_socket: dict[str, Grant] = {}  # a grant by its own socket's path
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -312,7 +305,7 @@ class Gateway:
             sock.close()
             raise
         self._by_socket[str(grant.socket_path)] = grant
-        site = _GrantSite(self, grant, sock)
+        site = GrantSite(self, grant, sock)
         self._sites[_digest(grant.token)] = site
         if self._runner is not None:
             self._on_loop(site.open(self._runner))
@@ -371,6 +364,7 @@ class Gateway:
         app.router.add_get("/v1/models/{model}", self._model)
         for path in ENDPOINTS:
             app.router.add_post(path, self._serve)
+        app.router.add_route("*", "/v1/responses/{rest:.+}", self._stored)
         return app
 
     async def start(self) -> None:
@@ -427,7 +421,7 @@ class Gateway:
     def _authorised(self, request: web.Request) -> Grant:
         grant = self._grant_of(request)
         if grant is None:
-            raise _Refusal(401, "invalid or missing API key (expected 'Authorization: Bearer <token>')",
+            raise Refusal(401, "invalid or missing API key (expected 'Authorization: Bearer <token>')",
                            "invalid_request_error", "invalid_api_key")
         return grant
 
@@ -439,7 +433,7 @@ class Gateway:
     async def _models(self, request: web.Request) -> web.Response:
         try:
             grant = self._authorised(request)
-        except _Refusal as r:
+        except Refusal as r:
             return error_response(r.status, r.message, r.type, r.code)
         return web.json_response({"object": "list", "data": [self._model_entry(r, m)
                                                              for r, m in grant.roles.items()]})
@@ -447,33 +441,42 @@ class Gateway:
     async def _model(self, request: web.Request) -> web.Response:
         try:
             grant = self._authorised(request)
-        except _Refusal as r:
+        except Refusal as r:
             return error_response(r.status, r.message, r.type, r.code)
         found = grant.resolve(request.match_info["model"])
         if found is None:
             return _not_granted(request.match_info["model"])
         return web.json_response(self._model_entry(*found))
 
+    async def _stored(self, request: web.Request) -> web.Response:
+        """A stored response asked for (retrieved, cancelled, its input items): the gateway keeps none."""
+        try:
+            self._authorised(request)
+        except Refusal as r:
+            return error_response(r.status, r.message, r.type, r.code)
+        return error_response(404, f"{request.method} {request.path[:100]}: {STATELESS}",
+                              "invalid_request_error", "not_stored")
+
     async def _body(self, request: web.Request) -> tuple[dict[str, Any], int]:
         if request.content_length is not None and request.content_length > self.max_body:
-            raise _too_large(self.max_body)
+            raise too_large(self.max_body)
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise _too_large(self.max_body) from None
+            raise too_large(self.max_body) from None
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise _Refusal(400, "the request body is not valid JSON", "invalid_request_error",
+            raise Refusal(400, "the request body is not valid JSON", "invalid_request_error",
                            "invalid_json") from None
         if not isinstance(body, dict):
-            raise _Refusal(400, "the request body must be a JSON object", "invalid_request_error",
+            raise Refusal(400, "the request body must be a JSON object", "invalid_request_error",
                            "invalid_json")
         return body, len(raw)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         """One model call: authorise, wait for one of the run's slots, read, resolve the model, hold
-        its worst case against the budget, call, meter, answer.
+        its worst case against the budget, call, meter, answer (whole, or streamed as it comes).
 
         The body is read only once a slot is held, so a run's requests hold at most `concurrency`
         bodies in the harness's memory however many connections it opens. A call that times out or is
@@ -492,92 +495,215 @@ class Gateway:
         try:
             call.grant = self._authorised(request)
             if request.content_length is not None and request.content_length > self.max_body:
-                raise _too_large(self.max_body)
+                raise too_large(self.max_body)
             if call.grant.pending >= call.grant.max_pending:
-                raise _Refusal(429, f"too many requests of this run at once (at most "
-                               f"{call.grant.max_pending} in flight or waiting)", "rate_limit_exceeded",
-                               "too_many_requests")
+                raise Refusal(429, f"too many requests of this run at once (at most "
+                              f"{call.grant.max_pending} in flight or waiting)", "rate_limit_exceeded",
+                              "too_many_requests")
             call.grant.pending += 1
             try:
-                async with asyncio.timeout(self.request_timeout_s), call.grant.slots:
-                    output, stream, include_usage = await self._answer(request, endpoint, call)
+                async with asyncio.timeout(self.request_timeout_s) as timer, call.grant.slots:
+                    return await self._answer(request, endpoint, call, t0, timer)
             except TimeoutError:
-                raise _Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
-                               "timeout", "timeout") from None
+                if call.response is not None:  # a stream under way: it ended itself, with an error event
+                    return call.response
+                raise Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
+                              "timeout", "timeout") from None
             finally:
                 call.grant.pending -= 1
-        except _Refusal as r:
+        except Refusal as r:
             self._record(call.grant, call.role, call.model, endpoint, t0, status=r.status, error=r.message,
                          **call.charge())
             return error_response(r.status, r.message, r.type, r.code, r.headers)
         except asyncio.CancelledError:
-            self._record(call.grant, call.role, call.model, endpoint, t0, status=499,
-                         error="cancelled (the gateway closed): charged what the call held", **call.charge())
+            if not call.recorded:
+                self._record(call.grant, call.role, call.model, endpoint, t0, status=499, **call.charge(),
+                             error="cancelled (the gateway closed): charged what the call held")
             raise
-        grant, role, model = call.grant, call.role, call.model
-        assert grant is not None and role is not None and model is not None
-        usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
-        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+    async def _answer(self, request: web.Request, endpoint: str, call: _Call, t0: float,
+                      timer: asyncio.Timeout) -> web.StreamResponse:
+        grant = call.grant
+        assert grant is not None
+        body, _ = await self._body(request)
+        found = grant.resolve(body.get("model"))
+        if found is None:
+            raise Refusal(*not_granted_args(body.get("model")))
+        call.role, call.model = found
+        backend, name = call.model.backend, call.model.model_name
+        responses = None
+        kind = "completions" if endpoint == "completions" else "chat"  # what the backend is asked
+        with _refused_as_400():
+            if endpoint == "responses":
+                body, responses = to_chat(body)
+            stream = bool(body.pop("stream", False))
+            options = body.pop("stream_options", None)
+            check = getattr(backend, "check", None)
+            if check is not None:  # what the backend would not honour in full: refused, never dropped
+                check(kind, body)
+        spent = grant.exhausted()
+        if spent is not None:
+            raise Refusal(429, spent, "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
+        call.reserve(grant, prompt_bound(kind, body), body)  # or refused: no backend call
+        if stream:
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            relay: Relay = (ChatRelay(name, kind, include_usage) if responses is None
+                            else ResponsesRelay(responses, name))
+            return await self._stream(request, endpoint, kind, call, body, relay, t0, timer)
+        output = await self._whole(call, kind, body)
         choices = output.get("choices")
+        prompt, completion = self._settle(call, endpoint, t0, _reported(output, backend),
+                                          json_bytes(choices))
+        if responses is not None:
+            return web.json_response(from_chat(output, responses, name, prompt, completion))
+        output["model"] = name
+        return web.json_response(output)
+
+    async def _whole(self, call: _Call, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The backend's whole answer, its failures as the client's errors."""
+        assert call.grant is not None and call.model is not None
+        backend = call.model.backend
+        try:
+            async with self._queue(backend).slot(call.grant.run_id):
+                output = await (backend.chat if kind == "chat" else backend.complete)(body)
+        except BackendError as e:
+            call.started = e.status == 504  # refused upstream, nothing spent, unless it timed out
+            raise Refusal(e.status, e.message, e.type, e.type) from None
+        except (TimeoutError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            call.started = False
+            raise self._broken(call, e) from None
+        call.started = False
+        if not isinstance(output, dict):
+            raise Refusal(502, f"the backend of {call.model.model_name} gave no response object",
+                          "upstream_error", "upstream_error")
+        return output
+
+    @staticmethod
+    def _broken(call: _Call, e: Exception, when: str = "") -> Refusal:
+        """A backend's own bug, logged here and told without its details (they may be the harness's)."""
+        name = call.model.model_name if call.model is not None else "?"
+        logger.error("the backend of %s failed%s", name, when, exc_info=e)
+        return Refusal(502, f"the backend of {name} failed{when} ({type(e).__name__})", "upstream_error",
+                       "upstream_error")
+
+    async def _stream(self, request: web.Request, endpoint: str, kind: str, call: _Call,
+                      body: dict[str, Any], relay: Relay, t0: float, timer: asyncio.Timeout
+                      ) -> web.StreamResponse:
+        """A streamed answer: the backend's chunks passed on as they come (its whole answer at once, where
+        it does not stream), metered when the stream ends. Until the first chunk a failure is an HTTP
+        error as for a whole answer; after it, an event of the stream, and the row is written here."""
+        assert call.grant is not None and call.model is not None
+        backend = call.model.backend
+        meter = StreamMeter(bool(getattr(backend, "usage_counts_one_choice", False)))
+        async with self._queue(backend).slot(call.grant.run_id):
+            chunks = _chunks(backend, kind, body)
+            try:
+                try:
+                    first = await anext(chunks, None)
+                except BackendError as e:
+                    call.started = e.status == 504
+                    raise Refusal(e.status, e.message, e.type, e.type) from None
+                except (TimeoutError, asyncio.CancelledError):
+                    raise
+                except Exception as e:
+                    call.started = False
+                    raise self._broken(call, e) from None
+                return await self._relay(request, endpoint, call, chunks, first, relay, meter, t0, timer)
+            finally:
+                await chunks.aclose()  # a stream left early: its upstream connection is dropped
+
+    async def _relay(self, request: web.Request, endpoint: str, call: _Call,
+                     chunks: AsyncGenerator[dict[str, Any], None], first: dict[str, Any] | None, relay: Relay,
+                     meter: StreamMeter, t0: float, timer: asyncio.Timeout) -> web.StreamResponse:
+        """Write the stream; settle its row however it ends. A client that leaves mid-stream, or a backend
+        that fails in it, is charged the prompt and what was streamed (its bytes bound its tokens; the
+        upstream is closed at once, so little more is written); a timeout or the gateway closing, what
+        the call held, as for a whole answer."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        failure: Refusal | None = None
+        try:
+            await _prepare(response, request)
+            call.response = response
+            await _write(response, relay.start())
+            chunk = first
+            while chunk is not None:
+                meter.add(chunk)
+                await _write(response, relay.chunk(chunk))
+                chunk = await anext(chunks, None)
+        except _ClientGone:
+            await chunks.aclose()
+            self._settle_partial(call, endpoint, t0, meter, 499, "the client left mid-stream: charged the "
+                                 "prompt and what was streamed (its bytes bound its tokens)")
+            call.response = response
+            return response
+        except BackendError as e:
+            failure = Refusal(e.status, e.message, e.type, e.type)
+        except asyncio.CancelledError:
+            failure = (Refusal(504, f"the model call took longer than {self.request_timeout_s:g} s",
+                               "timeout", "timeout") if timer.expired() else
+                       Refusal(499, "cancelled (the gateway closed): charged what the call held",
+                               "server_error", "cancelled"))
+            prompt, completion = call.prompt_bound, call.completion_held if call.capped else meter.streamed
+            self._record(call.grant, call.role, call.model, endpoint, t0, status=failure.status,
+                         prompt=prompt, completion=completion, error=failure.message)
+            call.recorded = True
+            with contextlib.suppress(_ClientGone):  # a last word, if the client takes it at once
+                await _write(response, relay.fail(failure.message, failure.type, failure.code), timeout_s=1.0)
+            raise
+        except Exception as e:
+            failure = self._broken(call, e, " mid-stream")
+        else:
+            prompt, completion = self._settle(call, endpoint, t0, meter.reported(), meter.streamed)
+            try:
+                await _write(response, relay.finish(prompt, completion, meter.upstream_usage()), eof=True)
+            except _ClientGone:
+                pass
+            except Exception:  # its row is written: a bug here must not answer a second time
+                logger.exception("the gateway failed to end a stream of %s", call.model.model_name)
+            return response
+        self._settle_partial(call, endpoint, t0, meter, failure.status, failure.message)
+        with contextlib.suppress(_ClientGone):
+            await _write(response, relay.fail(failure.message, failure.type, failure.code), eof=True,
+                         timeout_s=1.0)
+        return response
+
+    def _settle(self, call: _Call, endpoint: str, t0: float, reported: tuple[int | None, int | None],
+                bound: int) -> tuple[int, int]:
+        """Charge an answered call what its backend reported (never nothing: the gateway's bounds, the
+        prompt's and `bound` for the completion, where it reported no usage), record its row, and give
+        the tokens charged."""
+        model = call.model
+        assert model is not None
+        prompt, completion = reported
         error = None
         if prompt is None or completion is None:  # never free: the bounds, from the bytes
             error = "the backend reported no usage: charged the gateway's bound"
             if prompt is None:
                 prompt = call.prompt_bound
             if completion is None:
-                completion = _json_bytes(choices)
-                if call.capped:  # it was asked for no more than it held
-                    completion = min(completion, call.completion_held)
-        elif getattr(model.backend, "usage_counts_one_choice", False) and isinstance(choices, list):
-            completion *= max(1, len(choices))
+                completion = min(bound, call.completion_held) if call.capped else bound
         over = max(prompt - call.prompt_bound, 0) + max(completion - call.completion_held, 0)
         if call.capped and over > 0:  # a backend past its max_tokens, or a prompt past the bound: counted
             error = f"the backend reported {over:,} token(s) more than the gateway reserved"
             logger.warning("%s: %s (prompt %d of %d, completion %d of %d)", model.model_name, error, prompt,
                            call.prompt_bound, completion, call.completion_held)
-        self._record(grant, role, model, endpoint, t0, status=200, prompt=prompt, completion=completion,
-                     error=error)
-        output["model"] = model.model_name
-        if stream:
-            return web.Response(body=_sse(output, endpoint, include_usage), content_type="text/event-stream",
-                                headers={"Cache-Control": "no-cache"})
-        return web.json_response(output)
+        self._record(call.grant, call.role, model, endpoint, t0, status=200, prompt=prompt,
+                     completion=completion, error=error)
+        call.recorded = True
+        return prompt, completion
 
-    async def _answer(self, request: web.Request, endpoint: str, call: _Call
-                      ) -> tuple[dict[str, Any], bool, bool]:
-        grant = call.grant
-        assert grant is not None
-        body, _ = await self._body(request)
-        found = grant.resolve(body.get("model"))
-        if found is None:
-            raise _Refusal(*_not_granted_args(body.get("model")))
-        call.role, call.model = found
-        stream = bool(body.pop("stream", False))  # answered whole, as one event (see _sse)
-        options = body.pop("stream_options", None)
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        spent = grant.exhausted()
-        if spent is not None:
-            raise _Refusal(429, spent, "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
-        call.reserve(grant, prompt_bound(endpoint, body), body)  # or refused: no backend call
-        backend = call.model.backend
-        try:
-            async with self._queue(backend).slot(grant.run_id):
-                output = await (backend.chat if endpoint == "chat" else backend.complete)(body)
-        except BackendError as e:
-            call.started = e.status == 504  # refused upstream, nothing spent, unless it timed out
-            raise _Refusal(e.status, e.message, e.type, e.type) from None
-        except (TimeoutError, asyncio.CancelledError):
-            raise
-        except Exception as e:
-            call.started = False
-            logger.exception("the backend of %s failed", call.model.model_name)
-            raise _Refusal(502, f"the backend of {call.model.model_name} failed ({type(e).__name__})",
-                           "upstream_error", "upstream_error") from None
-        call.started = False
-        if not isinstance(output, dict):
-            raise _Refusal(502, f"the backend of {call.model.model_name} gave no response object",
-                           "upstream_error", "upstream_error")
-        return output, stream, include_usage
+    def _settle_partial(self, call: _Call, endpoint: str, t0: float, meter: StreamMeter, status: int,
+                        error: str) -> None:
+        """Charge a stream that ended early: the prompt (as reported, else its bound) and what was
+        streamed (its bytes, within what the call held)."""
+        prompt = meter.reported()[0]
+        completion = min(meter.streamed, call.completion_held) if call.capped else meter.streamed
+        self._record(call.grant, call.role, call.model, endpoint, t0, status=status, error=error,
+                     prompt=call.prompt_bound if prompt is None else prompt, completion=completion)
+        call.recorded = True
 
     def _queue(self, backend: Backend) -> FairQueue:
         """The backend's fair queue, shared by every grant that uses it (`capacity`: its own, if it
@@ -624,6 +750,8 @@ class _Call:
     completion_held: int = 0
     capped: bool = False  # a budget capped it: what it holds is all it may spend
     started: bool = False  # the backend has it: a timeout or cancellation may have cost the provider
+    response: web.StreamResponse | None = None  # a stream's, once its headers are sent
+    recorded: bool = False  # its row is written
     _held: tuple[int, float] | None = None
 
     def reserve(self, grant: Grant, prompt: int, body: dict[str, Any]) -> None:
@@ -645,288 +773,68 @@ class _Call:
         return {"prompt": self.prompt_bound, "completion": self.completion_held}
 
 
-def _json_bytes(value: object) -> int:
-    """Bytes of a JSON value written compactly, strings unescaped (UTF-8): at least the bytes of every
-    string in it and of the structure around them (a walk without recursion: the body may nest as deep
-    as the JSON parser allowed)."""
-    total, stack = 0, [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            total += 2 + len(v.encode("utf-8", "surrogatepass"))  # JSON may carry lone surrogates
-        elif isinstance(v, dict):
-            total += 2 + 2 * len(v)  # braces, a colon and a comma an entry
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            total += 2 + len(v)
-            stack.extend(v)
-        else:
-            total += len(json.dumps(v))  # numbers, true, false, null
-    return total
-
-
-def prompt_bound(endpoint: str, body: dict[str, Any]) -> int:
-    """An upper bound on the request's prompt tokens that the gateway computes offline, for any model
-    whose tokens cover at least one byte (see PROMPT_TOKENS_PER_MESSAGE): the bytes of the request as
-    JSON (every message's text with its fields, tools, and any field a backend might render), plus the
-    template's tokens per message (per prompt of a text completion: its BOS), per request and for tools.
-    A text completion's prompt given as token ids counts one a token. Content parts other than text
-    (images, audio) cost what the provider decides: refused."""
-    total, rest = PROMPT_TOKENS_PER_REQUEST, dict(body)
-    if endpoint == "chat":
-        messages = rest.pop("messages", None)
-        messages = messages if isinstance(messages, list) else [messages]
-        for m in messages:
-            parts = m.get("content") if isinstance(m, dict) else None
-            if isinstance(parts, list) and any(not isinstance(p, dict) or p.get("type") != "text"
-                                               for p in parts):
-                raise _Refusal(400, "only text content parts are supported through the gateway (what an "
-                               "image or audio part costs has no bound the budget can hold)",
-                               "invalid_request_error", "unsupported_content")
-            total += PROMPT_TOKENS_PER_MESSAGE + _json_bytes(m)
-    else:
-        prompt = rest.pop("prompt", None)
-        ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
-        prompts = prompt if isinstance(prompt, list) and not ids else [prompt]
-        for p in prompts:
-            ids = isinstance(p, list) and all(isinstance(t, int) for t in p)
-            total += PROMPT_TOKENS_PER_MESSAGE + (len(p) if ids else _json_bytes(p))
-    if rest.get("tools") or rest.get("functions"):
-        total += PROMPT_TOKENS_FOR_TOOLS
-    return total + _json_bytes(rest)
-
-
-def _positive_int(body: dict[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _Refusal(400, f"'{key}' must be a positive integer", "invalid_request_error", "invalid_value")
-    return value
-
-
-def _limit(body: dict[str, Any], room: int | None, prompt: int, budget: str) -> int:
-    """Check `n` and the completion caps, cap the completion at the budget's `room` (completion tokens
-    left once the prompt's bound is taken off; None: no limit) shared among the choices, and give the
-    completion tokens the request holds while in flight. Under a budget the cap is always imposed (as
-    `max_tokens`, `CAP_UNASKED` when none was asked), so that nothing past it can be written."""
-    for key in ("n_predict", "best_of"):  # llama.cpp's own cap, vLLM's hidden choices: neither metered
-        if body.get(key) is not None and body.get(key) != 1:
-            raise _Refusal(400, f"'{key}' is not supported by the gateway (use max_tokens and n)",
-                           "invalid_request_error", "unsupported_parameter")
-    if "chat_template" in body:  # vLLM's template of the request's own: a program that can repeat the text
-        raise _Refusal(400, "'chat_template' is not supported by the gateway (its prompt could not be "
-                       "bounded)", "invalid_request_error", "unsupported_parameter")
-    n = _positive_int(body, "n") or 1
-    prompts = body.get("prompt")  # text completions take a batch of prompts: `n` choices each
-    if isinstance(prompts, list) and prompts and all(isinstance(p, str | list) for p in prompts):
-        n *= len(prompts)
-    if n > MAX_CHOICES:
-        raise _Refusal(400, f"'n' (times the prompts of a batch) is at most {MAX_CHOICES} through the "
-                       "gateway", "invalid_request_error", "invalid_value")
-    echo = body.get("echo") is True and body.get("max_tokens") == 0  # the prompt's log-probabilities alone
-    caps = {} if echo else {k: v for k in ("max_tokens", "max_completion_tokens")
-                            if (v := _positive_int(body, k))}
-    if room is not None and room < (0 if echo else n):
-        raise _Refusal(429, f"budget exceeded: this request may take {prompt:,} prompt tokens (a bound: "
-                       f"the bytes of its text) and {0 if echo else n} completion token(s) at the least, "
-                       f"more than what remains of {budget} besides what its requests in flight hold",
-                       "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
-    if echo or room is None:
-        return 0
-    asked = min(caps.values()) if caps else CAP_UNASKED
-    cap = min(asked, room // n)
-    for key in caps or ("max_tokens",):
-        body[key] = cap
-    return cap * n
-
-
-def _too_large(limit: int) -> _Refusal:
-    return _Refusal(413, f"the request body is larger than the gateway's limit of {limit:,} bytes",
-                    "invalid_request_error", "request_too_large")
-
-
-def _not_granted_args(name: object) -> tuple[int, str, str, str]:
-    if name is None:
-        return (400, "the request names no model ('model' is required)", "invalid_request_error",
-                "model_required")
-    return (404, f"The model {str(name)[:200]!r} does not exist or you do not have access to it.",
-            "invalid_request_error", "model_not_found")
-
-
 def _not_granted(name: object) -> web.Response:
-    return error_response(*_not_granted_args(name))
+    return error_response(*not_granted_args(name))
 
 
-def _sse(output: dict[str, Any], endpoint: str, include_usage: bool) -> bytes:
-    """A whole answer as a server-sent event stream: one chunk with every choice, then usage if asked."""
-    head = {"id": output.get("id") or f"gw-{uuid.uuid4().hex}", "created": output.get("created", 0),
-            "model": output["model"]}
-    choices = []
-    for i, c in enumerate(output.get("choices") or []):
-        if endpoint == "chat":
-            message = dict(c.get("message") or {})
-            for n, call in enumerate(message.get("tool_calls") or []):
-                call["index"] = n
-            choices.append({"index": c.get("index", i), "delta": {k: v for k, v in message.items()
-                                                                  if v is not None},
-                            "logprobs": c.get("logprobs"), "finish_reason": c.get("finish_reason")})
-        else:
-            choices.append(c)
-    kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
-    events = [{**head, "object": kind, "choices": choices}]
-    if include_usage:
-        events.append({**head, "object": kind, "choices": [], "usage": output.get("usage")})
-    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+@contextlib.contextmanager
+def _refused_as_400() -> Iterator[None]:
+    """A request the gateway or its backend will not serve as asked (a BackendError before any call):
+    refused with its status, nothing held or spent."""
+    try:
+        yield
+    except BackendError as e:
+        raise Refusal(e.status, e.message, e.type, e.type) from None
 
 
-class _TooMany(asyncio.Protocol):
-    """A connection over a grant's limit: answered 429 and closed, before it can hold anything. The close
-    waits for the request (at most a second), as closing on unread bytes would reset the connection and
-    lose the answer."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.transport: asyncio.WriteTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        body = json.dumps({"error": {"message": f"too many connections of this run at once (at most "
-                                                f"{self.limit})", "type": "rate_limit_exceeded",
-                                     "param": None, "code": "too_many_connections"}}).encode()
-        head = (f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nx-should-retry: false\r\nConnection: close\r\n\r\n")
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport
-        transport.write(head.encode() + body)
-        asyncio.get_running_loop().call_later(1.0, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.close()
+def _reported(output: dict[str, Any], backend: Backend) -> tuple[int | None, int | None]:
+    """The prompt and completion tokens a whole answer reports (None: not reported); a backend whose
+    usage counts one choice (llama.cpp's) is charged its count once a choice."""
+    usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
+    prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    choices = output.get("choices")
+    one_choice = getattr(backend, "usage_counts_one_choice", False)
+    if completion is not None and one_choice and isinstance(choices, list):
+        completion *= max(1, len(choices))
+    return prompt, completion
 
 
-class _Counted(asyncio.Protocol):
-    """aiohttp's handler of one connection, counted against its grant while the connection lives."""
-
-    def __init__(self, inner: asyncio.Protocol, grant: Grant) -> None:
-        self.inner, self.grant = inner, grant
-        grant.connections += 1
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.grant.connections -= 1
-        self.inner.connection_lost(exc)
+async def _chunks(backend: Backend, kind: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+    """The chunks of an answer: the backend's own stream where it has one, else its whole answer as
+    chunks, once it is written."""
+    stream = getattr(backend, "stream", None)
+    if stream is not None:
+        async for chunk in stream(kind, body):
+            yield chunk
+        return
+    output = await (backend.chat if kind == "chat" else backend.complete)(body)
+    if not isinstance(output, dict):
+        raise BackendError(f"the backend of {getattr(backend, 'name', 'the model')} gave no response object")
+    for chunk in whole_as_chunks(output, kind):
+        yield chunk
 
 
-class _GrantSite(web.BaseSite):
-    """A grant's own socket, served by the gateway's app, its connections capped."""
-
-    def __init__(self, gateway: Gateway, grant: Grant, sock: socket.socket) -> None:
-        self._gateway, self._grant, self._sock = gateway, grant, sock
-        self._opened = self._stopped = False
-
-    @property
-    def name(self) -> str:
-        return f"http://unix:{self._grant.socket_path}:"
-
-    @property
-    def path(self) -> Path | None:
-        return self._grant.socket_path
-
-    async def open(self, runner: web.AppRunner) -> None:
-        if self._opened:
-            return
-        self._opened = True
-        super().__init__(runner, shutdown_timeout=self._gateway.shutdown_timeout_s)
-        await self.start()
-
-    async def start(self) -> None:
-        await super().start()
-        handler = self._runner.server
-        assert handler is not None
-        grant = self._grant
-
-        def protocol() -> asyncio.Protocol:
-            if grant.connections >= grant.max_connections:
-                return _TooMany(grant.max_connections)
-            return _Counted(handler(), grant)
-
-        self._server = await asyncio.get_running_loop().create_unix_server(protocol, sock=self._sock)
-
-    async def stop(self) -> None:
-        if self._opened and not self._stopped:
-            self._stopped = True
-            with contextlib.suppress(RuntimeError):  # the runner's cleanup may have stopped it first
-                await super().stop()
-        self.close_socket()
-
-    def close_socket(self) -> None:
-        self._sock.close()
+class _ClientGone(Exception):
+    """The client closed its connection while its stream was being written."""
 
 
-class GatewayThread:
-    """A gateway served from a daemon thread with its own event loop; `stop()` (or leaving the `with`)
-    closes it. Grants may be made and revoked from any thread."""
+async def _prepare(response: web.StreamResponse, request: web.Request) -> None:
+    try:
+        await response.prepare(request)
+    except ConnectionError:
+        raise _ClientGone from None
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="openrebench-gateway", daemon=True)
 
-    def start(self) -> GatewayThread:
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        try:
-            await self.gateway.start()
-        except BaseException as e:
-            self._error = e
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.gateway.close()
-
-    @property
-    def alive(self) -> bool:
-        """Whether the thread still serves (it ends when stopped, or when its loop failed)."""
-        return self._thread.is_alive()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join()
-
-    def __enter__(self) -> Gateway:
-        return self.gateway
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+async def _write(response: web.StreamResponse, data: bytes, eof: bool = False,
+                 timeout_s: float | None = None) -> None:
+    """Send `data` now (a stream's events are not held back), and end the body if `eof`. A client that
+    takes more than `STREAM_WRITE_TIMEOUT_S` to take it in is gone: a stream holds one of the backend's
+    places, which a client that stops reading must not keep from other runs for the whole time limit."""
+    try:
+        async with asyncio.timeout(timeout_s or STREAM_WRITE_TIMEOUT_S):
+            if data:
+                await response.write(data)
+            if eof:
+                await response.write_eof()
+    except (ConnectionError, TimeoutError):
+        raise _ClientGone from None

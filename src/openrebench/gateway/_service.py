@@ -30,7 +30,8 @@ from pathlib import Path
 from openrebench.api import LOCAL_MODEL
 from openrebench.base import OpenRebenchError
 
-from ._backends import Backend, InspectBackend, OpenAICompatibleBackend
+from ._backends import Backend, OpenAICompatibleBackend
+from ._inspect import InspectBackend
 from ._likelihood import Likelihood, LocalModelBackend
 from ._local import LocalEndpoint, shared_local_server
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
