@@ -34,6 +34,11 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     model's files are shared by the session)."""
     monkeypatch.setenv("OPENREBENCH_HOME", str(tmp_path_factory.mktemp("home")))
     monkeypatch.setenv("OPENREBENCH_MODELS", str(shared_models))
+    # `openrebench eval` sets these for its attempts in its own process (--resume, --login-user): a test
+    # invoking it in-process must not hand them on to the next test in the same worker.
+    for name in ("OPENREBENCH_RESUME", "OPENREBENCH_LOGIN_USER"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture

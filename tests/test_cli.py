@@ -133,7 +133,7 @@ def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
     monkeypatch.setenv("COLUMNS", "200")
     code, out = invoke("eval", "--help")
     assert code == 0, out
-    assert "human, oracle (no model), react or toy_agent." in out
+    assert "aide, human, modular, oracle (no model), react or toy_agent." in out
     assert ("auto (an isolating sandbox (bwrap), else an error naming what is missing), bwrap, none (no "
             "isolation at all: only by name, marked UNISOLATED in the results), or toy_box.") in " ".join(
         line.strip(" │") for line in out.splitlines())

@@ -187,6 +187,10 @@ def eval_(
     env_ids: Annotated[list[str], typer.Argument(help="Environment ids, or 'all'.")],
     tier: TierOpt = "mini",
     agent: Annotated[str, typer.Option(help=AGENTS_HELP)] = "oracle",
+    solver: Annotated[str | None, typer.Option(
+        help="An Inspect solver or agent of your own instead of --agent's, as `inspect eval --solver` takes "
+             "it: a registered name or FILE.py@NAME. It gets the instructions as its input and the score "
+             "and score_log tools in the state's tools.")] = None,
     model: Annotated[str | None, typer.Option(help="Inspect model, e.g. openai/gpt-4o, or 'local' (the "
                                                    "offline Gemma 3 270M, served on this machine).")] = None,
     model_arg: Annotated[list[str] | None, typer.Option(
@@ -252,6 +256,7 @@ def eval_(
     """
     from inspect_ai import eval as inspect_eval
     from inspect_ai import eval_set
+    from inspect_ai.solver import SolverSpec
 
     from openrebench.harness import (
         ISOLATIONS,
@@ -277,6 +282,9 @@ def eval_(
         raise OpenRebenchError(f"--isolation {isolation}: {problem}")
     if agent_spec.needs_model and model is None:
         raise OpenRebenchError(f"the {agent} agent needs --model")
+    if solver is not None and (cluster is not None or agent != "oracle"):
+        raise OpenRebenchError("--solver runs on one machine, in place of --agent: leave out "
+                               + ("--cluster" if cluster is not None else "--agent"))
     model, serving = resolve_agent_model(model)  # `local`: the offline model, served while the eval runs
     if model is not None:
         check_client(model)
@@ -328,6 +336,9 @@ def eval_(
                      isolation=isolation, message_limit=message_limit, token_limit=token_limit,
                      **(budgets if get_env(e).tier(tier).models else {}), **env_models[e]) for e in ids]
     _check_gpus(ids, tier)
+    if solver is not None:  # the analysis groups attempts by the task's agent: name the one that ran
+        for t in tasks:
+            t.metadata = {**(t.metadata or {}), "agent": solver}
     if agent_spec.needs_model and model is not None:
         estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices,
                                 agent=agent)
@@ -341,13 +352,14 @@ def eval_(
         check_credentials(spec)
     # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
-               "max_samples": max_samples, "display": display, **made_with}
+               "max_samples": max_samples, "display": display, **made_with,
+               **({"solver": SolverSpec(solver)} if solver is not None else {})}
     with serving:
         if retry_attempts or resume:
             _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
         else:
             logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
-    table = Table(title=f"openrebench eval — {agent} on {tier}", caption=results_caption(logs),
+    table = Table(title=f"openrebench eval — {solver or agent} on {tier}", caption=results_caption(logs),
                   caption_justify="left")
     for col in ("environment", "epoch", "normalised", "raw", "ended", "run"):
         table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")

@@ -36,6 +36,7 @@ from ._limits import parse_count
 from ._models import check_client
 from ._run_models import check_models, declared_roles, model_usage, resolve_budget, resolve_models
 from ._sandbox import SandboxConfig, run_sandbox
+from ._tools import score_tools
 from .agents import agent_names, get_agent
 from .backends import isolations
 
@@ -234,6 +235,9 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
     return Task(
         dataset=[Sample(input=instructions + MACHINE_NOTE, id=f"{env_id}-{tier}",
                         metadata={"env_id": env_id, "tier": tier})],
+        # The score tools in the state, for a solver of the user's (`--solver`) that reads them there;
+        # the instructions reach every solver as the sample's input.
+        setup=score_tools(),
         solver=agent_spec.factory(env, tier, seconds),
         scorer=run_score(),
         sandbox=("openrebench", config),
