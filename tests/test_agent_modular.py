@@ -3,7 +3,6 @@ a real mini environment and its sandbox."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from inspect_ai.model import (
 )
 from inspect_ai.tool import ToolCall
 
+from kernel_support import write_reference_code
 from openrebench.harness import environment_tasks
 from openrebench.harness._limits import IDLE_KEY, IDLE_TURNS
 from openrebench.harness.agents import get_agent
@@ -34,7 +34,6 @@ from openrebench.harness.agents.modular import (
     modular,
 )
 from openrebench.isolation import bwrap_binary
-from openrebench.runs import get_environment
 
 
 def _turn(i: int, output: str) -> list[ChatMessage]:
@@ -129,9 +128,7 @@ def test_an_overflow_is_retried_and_a_model_that_only_talks_is_stopped(tmp_path:
 @pytest.mark.slow
 @pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
 def test_scripted_modular_attempt_scores_broken_then_reference_and_submits(tmp_path: Path) -> None:
-    reference = (get_environment("optimize_kernel").root / "reference" / "solution.py").read_bytes()
-    write_reference = (f"import base64\nopen('/workspace/solution.py', 'wb').write("
-                       f"base64.b64decode('{base64.b64encode(reference).decode()}'))\n")
+    write_reference = write_reference_code()
     outputs = [
         ModelOutput.for_tool_call("mockllm/model", "bash",
                                   {"command": "printf 'def prefix_sum(x):\\n    return x\\n' > solution.py"}),

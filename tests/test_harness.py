@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import shutil
 import subprocess
 import sys
@@ -12,18 +11,17 @@ import pytest
 from inspect_ai import eval as inspect_eval
 from inspect_ai.model import ModelOutput, get_model
 
+from kernel_support import write_reference_code
 from openrebench.harness import environment_tasks
 from openrebench.isolation import bwrap_binary
-from openrebench.runs import Run, get_environment
+from openrebench.runs import Run
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")]
 
 
 def test_scripted_agent_scores_broken_then_reference(tmp_path: Path) -> None:
-    reference = (get_environment("optimize_kernel").root / "reference" / "solution.py").read_bytes()
-    write_reference = (f"import base64\nopen('/workspace/solution.py', 'wb').write("
-                       f"base64.b64decode('{base64.b64encode(reference).decode()}'))\n")
+    write_reference = write_reference_code()
     outputs = [
         ModelOutput.for_tool_call("mockllm/model", "bash",
                                   {"command": "printf 'def prefix_sum(x):\\n    return x\\n' > solution.py"}),
