@@ -242,3 +242,19 @@ def test_make_view_runs_the_venv_inspect_on_logs_demo() -> None:
     for extra, log_dir in (([], "logs/demo"), (["LOG_DIR=logs/x"], "logs/x")):
         out = subprocess.run(["make", "-n", "view", *extra], capture_output=True, text=True, cwd=root).stdout
         assert f".venv/bin/inspect view --log-dir {log_dir}" in out
+
+
+def test_the_caption_of_a_campaign_names_every_time_limit() -> None:
+    from types import SimpleNamespace
+
+    from openrebench.harness import results_caption
+
+    def log(task: str, limit: float) -> SimpleNamespace:
+        return SimpleNamespace(eval=SimpleNamespace(task=task, metadata={}, config=SimpleNamespace(
+            working_limit=limit)))
+
+    text = results_caption([log("optimize_kernel", 1800), log("optimize_kernel", 7200)])
+    limits = "no message limit, no token limit"
+    assert text == (f"optimize_kernel: per attempt: 30 min working time, {limits}; optimize_kernel: per "
+                    f"attempt: 2 h working time, {limits}")
+    assert results_caption([log("a", 60), log("b", 60)]) == f"per attempt: 1 min working time, {limits}"

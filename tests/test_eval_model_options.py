@@ -103,6 +103,35 @@ def test_model_args_without_a_model_and_model_options_on_a_cluster_are_refused(
     assert not fake_inspect
 
 
+def test_a_campaign_runs_each_environment_at_each_time_limit_and_estimates_them_all(
+        tmp_path: Path, fake_inspect: dict[str, Any]) -> None:
+    """`--time-limit 30m,2h,8h --epochs k`: the paper's best-of-k at three budgets, one command; the
+    analysis reads each attempt's length from its log, so the campaign feeds `analyze` as it is."""
+    _, out = _eval(tmp_path, "--agent", "react", "--model", MODEL, "--time-limit", "30m,2h,8h", "--epochs",
+                   "2", "--yes")
+    tasks = fake_inspect["tasks"]
+    assert [t.working_limit for t in tasks] == [1800, 7200, 28800]
+    assert all(t.metadata["env_id"] == "optimize_kernel" for t in tasks)
+    assert fake_inspect["kwargs"]["epochs"] == 2
+    text = " ".join(out.split())
+    assert "Estimate: 6 attempts (1 environment × 3 time limits × 2 epochs)" in text
+    assert "at most 21 h in all" in text  # 2 × (0.5 + 2 + 8) hours
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--time-limit", "30m,2h,30m"], "error: --time-limit 30m,2h,30m: a time limit is given twice"),
+    (["--time-limit", "30m,", "--agent", "oracle"], "error: bad --time-limit '' (use e.g. 90s, 30m, 2h"),
+    (["--time-limit", "30m,2h", "--cluster", "local"],
+     "error: --cluster runs one --time-limit per campaign: give one, and run the command once per time "
+     "limit"),
+])
+def test_a_malformed_campaign_is_one_line(tmp_path: Path, fake_inspect: dict[str, Any], args: list[str],
+                                          message: str) -> None:
+    code, out = _eval(tmp_path, *args)
+    assert code == 1 and " ".join(out.split()).startswith(message), out
+    assert not fake_inspect
+
+
 def test_model_arg_values_read_as_json_where_they_can() -> None:
     base_url, args = parse_model_args(["base_url=http://h:1/v1", "n=5", "x=1.5", "flag=true", "none=null",
                                        "text=hello", "empty=", "eq=a=b"])

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperCommand
 
-from openrebench.api import OpenRebenchError
+from openrebench.api import OpenRebenchError, describe_duration
 
 from ._common import TierOpt, console, duration, err, fmt, get_env, parse_env_models, user_errors
 
@@ -99,6 +99,16 @@ def _one_line(error: Any) -> str:
 def _short_name(line: str) -> str:
     """An exception line without the exception's module path."""
     return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)
+
+
+def _time_limits(text: str | None) -> list[float | None]:
+    """`--time-limit`: one working time, several (a campaign), or None for the tier's."""
+    if not text:
+        return [None]
+    limits = [duration(part.strip()) for part in text.split(",")]
+    if len(set(limits)) != len(limits):
+        raise OpenRebenchError(f"--time-limit {text}: a time limit is given twice")
+    return list(limits)
 
 
 def _failures(logs: list[Any], task_names: list[str]) -> list[tuple[str, str, str]]:
@@ -208,7 +218,10 @@ def eval_(
         min=1, help="Model requests in flight at once, over all attempts (default: the provider's, in "
                     "Inspect).")] = None,
     time_limit: Annotated[str | None, typer.Option(help="Working time per run, e.g. 30m, 2h or seconds, "
-                                                         "from 1m to 7d (default: the tier's).")] = None,
+                                                         "from 1m to 7d (default: the tier's); several, "
+                                                         "comma-separated (30m,2h,8h), run each "
+                                                         "environment at each: a best-of-k campaign "
+                                                         "with --epochs k.")] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Runs per environment.")] = 1,
     log_dir: Annotated[Path, typer.Option(help="Where Inspect writes its logs.")] = Path("logs"),
     runs_dir: Annotated[Path, typer.Option(help="Where run directories go.")] = Path("runs"),
@@ -292,7 +305,11 @@ def eval_(
     if cluster is not None and made_with:
         raise OpenRebenchError(f"--cluster does not pass {', '.join(_flags(made_with))} to its nodes yet: "
                                "leave them out or run on one machine")
-    seconds = duration(time_limit) if time_limit else None
+    limits = _time_limits(time_limit)
+    seconds = limits[0]
+    if cluster is not None and len(limits) > 1:
+        raise OpenRebenchError("--cluster runs one --time-limit per campaign: give one, and run the "
+                               "command once per time limit")
     if prices is not None:  # the environments' models are priced, and their dollar budgets kept, by these
         from openrebench.gateway import load_prices, model_service
 
@@ -332,15 +349,16 @@ def eval_(
         os.environ["OPENREBENCH_RESUME"] = "1"
     # Making the tasks checks their arguments and the machine (nothing is set up yet).
     made = environment_tasks()
-    tasks = [made[e](tier=tier, agent=agent, time_limit=seconds, runs_dir=str(runs_dir.resolve()),
+    tasks = [made[e](tier=tier, agent=agent, time_limit=s, runs_dir=str(runs_dir.resolve()),
                      isolation=isolation, message_limit=message_limit, token_limit=token_limit,
-                     **(budgets if get_env(e).tier(tier).models else {}), **env_models[e]) for e in ids]
+                     **(budgets if get_env(e).tier(tier).models else {}), **env_models[e])
+             for e in ids for s in limits]
     _check_gpus(ids, tier)
     if solver is not None:  # the analysis groups attempts by the task's agent: name the one that ran
         for t in tasks:
             t.metadata = {**(t.metadata or {}), "agent": solver}
     if agent_spec.needs_model and model is not None:
-        estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices,
+        estimate = estimate_run(model, ids, tier, limits, epochs, message_limit, token_limit, prices,
                                 agent=agent)
         console.print("\n".join(estimate.lines()), highlight=False, markup=False)
         estimate.check(max_cost, yes)
@@ -361,8 +379,10 @@ def eval_(
             logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
     table = Table(title=f"openrebench eval — {solver or agent} on {tier}", caption=results_caption(logs),
                   caption_justify="left")
-    for col in ("environment", "epoch", "normalised", "raw", "ended", "run"):
-        table.add_column(col, justify="right" if col in ("epoch", "normalised", "raw") else "left")
+    campaign = len(limits) > 1
+    for col in ("environment", *(("time limit",) if campaign else ()), "epoch", "normalised", "raw", "ended",
+                "run"):
+        table.add_column(col, justify="left" if col in ("environment", "ended", "run") else "right")
     unisolated = 0
     for log in logs:
         for sample in log.samples or []:
@@ -371,8 +391,11 @@ def eval_(
                 value = f"{float(score.value):.3f}"
                 if meta.get("isolated") is False:  # a measurement of nothing: said where it is read
                     value, unisolated = f"{value} UNISOLATED", unisolated + 1
-                table.add_row(log.eval.task, str(sample.epoch), value,
-                              fmt(meta.get("raw")), ended(sample), str(meta.get("run_dir", "")))
+                limit = (log.eval.task_args or {}).get("time_limit")
+                table.add_row(log.eval.task, *((describe_duration(float(limit)) if limit else "tier's",)
+                                               if campaign else ()),
+                              str(sample.epoch), value, fmt(meta.get("raw")), ended(sample),
+                              str(meta.get("run_dir", "")))
     if table.rows:
         console.print(table)
     if unisolated:

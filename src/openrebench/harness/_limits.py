@@ -128,8 +128,10 @@ def caption(metadata: dict[str, Any] | None, working_s: float | None) -> str:
 
 def results_caption(logs: list[Any]) -> str:
     """One caption line for the results table: the limits, per task where they differ."""
-    captions = {log.eval.task: caption(log.eval.metadata, getattr(log.eval.config, "working_limit", None))
-                for log in logs}
+    captions: dict[tuple[str, float | None], str] = {}
+    for log in logs:
+        limit = getattr(log.eval.config, "working_limit", None)
+        captions[(log.eval.task, limit)] = caption(log.eval.metadata, limit)
     if len(set(captions.values())) <= 1:
         return next(iter(captions.values()), "")
-    return "; ".join(f"{task}: {text}" for task, text in captions.items())
+    return "; ".join(f"{task}: {text}" for (task, _), text in captions.items())

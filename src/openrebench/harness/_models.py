@@ -19,7 +19,7 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,14 +184,15 @@ class Estimate:
     model: str
     envs: int
     epochs: int
-    limits: list[Limits]  # one per environment
-    seconds: list[float]  # working time per attempt, one per environment
+    limits: list[Limits]  # one per environment and budget
+    seconds: list[float]  # working time per attempt, one per environment and budget
     price: dict[str, float] | None
     source: str
+    budgets: int = 1  # the working times of a campaign, each environment run at each
 
     @property
     def attempts(self) -> int:
-        return self.envs * self.epochs
+        return self.envs * self.budgets * self.epochs
 
     @property
     def tokens(self) -> int | None:
@@ -211,6 +212,8 @@ class Estimate:
         each = (f"each stopped at {lim.describe()} or {fmt_duration(per)} of working time" if same
                 else "limits scaled to each environment's working time")
         envs = f"{self.envs} environment{'s' * (self.envs != 1)}"
+        if self.budgets > 1:
+            envs += f" × {self.budgets} time limits"
         out = [f"Estimate: {self.attempts} attempt{'s' * (self.attempts != 1)} ({envs} × {self.epochs} "
                f"epoch{'s' * (self.epochs != 1)}), {each}."]
         tokens = "no token limit" if self.tokens is None else f"{fmt_tokens(self.tokens)} tokens at most"
@@ -242,14 +245,17 @@ class Estimate:
                                    "number of environments")
 
 
-def estimate_run(model: str, env_ids: list[str], tier: str, seconds: float | None, epochs: int,
-                 message_limit: int | str | None, token_limit: int | str | None,
+def estimate_run(model: str, env_ids: list[str], tier: str, seconds: float | Sequence[float | None] | None,
+                 epochs: int, message_limit: int | str | None, token_limit: int | str | None,
                  prices_path: Path | None, *, agent: str) -> Estimate:
-    """The bound of a model agent's run for `openrebench eval`, with the limits `rebench_task` will apply."""
+    """The bound of a model agent's run for `openrebench eval`, with the limits `rebench_task` will apply.
+    `seconds`: the working time per attempt, or one per budget of a campaign (each environment runs at
+    each); None: the tier's."""
     prices = None if prices_path is None else load_prices(prices_path)
-    per = [seconds if seconds is not None else get_environment(e).tier(tier).time_limit_hours * 3600
-           for e in env_ids]
+    budgets = list(seconds) if isinstance(seconds, Sequence) else [seconds]
+    per = [s if s is not None else get_environment(e).tier(tier).time_limit_hours * 3600
+           for e in env_ids for s in budgets]
     price, source = find_price(model, prices)
     spec = get_agent(agent)
     return Estimate(model, len(env_ids), epochs, [spec.limits(s, message_limit, token_limit) for s in per],
-                    per, price, source)
+                    per, price, source, budgets=len(budgets))
