@@ -13,6 +13,7 @@ from inspect_ai.model import ModelOutput, get_model
 from inspect_ai.solver import basic_agent
 from typer.testing import CliRunner
 
+from openrebench.analysis import load_logs
 from openrebench.cli import app
 from openrebench.harness import environment_tasks
 from openrebench.isolation import bwrap_binary
@@ -72,6 +73,8 @@ def test_inspects_basic_agent_with_no_tools_of_its_own_scores_through_the_state_
     assert len(offered) == 3 and all(sorted(names) == ["score", "score_log", "submit"] for names in offered)
     rows = sample.scores["run_score"].metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score"] and rows[1]["raw"] is not None
+    (attempt,) = load_logs([tmp_path / "logs"]).attempts  # the analysis names the solver that ran
+    assert attempt.scaffold == "inspect_ai/basic_agent" and attempt.group.startswith("inspect_ai/basic_agent")
 
 
 @pytest.mark.slow

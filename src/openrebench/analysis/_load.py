@@ -261,7 +261,8 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices
         raise OpenRebenchError(f"{where}: the sample is for {env_id} but its run fingerprint says "
                                f"{fingerprint.get('env_id')}")
     tier = (sample.metadata or {}).get("tier") or task_meta.get("tier") or fingerprint.get("tier") or "?"
-    agent = str(task_meta.get("agent", "unknown"))
+    # A solver given to `inspect eval --solver` ran in place of the task's agent: Inspect names it in the log.
+    agent = str(log.eval.solver or task_meta.get("agent", "unknown"))
     hours_used = (sample.working_time / 3600 if sample.working_time is not None
                   else max((r.elapsed_s for r in rows), default=0.0) / 3600)
     tokens, cost = _usage(sample, prices)
