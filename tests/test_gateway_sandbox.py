@@ -449,3 +449,38 @@ def test_openrebench_start_and_score_give_the_scorer_the_runs_models_sandboxed_o
     assert rows[1].details["sandboxed"] is False
     grant = json.loads((run_dir / "gateway" / "grant.json").read_text())
     assert grant["models"] == {"judge": "mockllm/model"}
+
+
+SHELL_PROBE = """
+import json, os, sys, openai
+client = openai.OpenAI(max_retries=0)
+reply = client.chat.completions.create(model="judge", messages=[{"role": "user", "content": "hi"}])
+json.dump({"cwd": os.getcwd(), "url": os.environ["OPENAI_BASE_URL"], "key": os.environ["OPENAI_API_KEY"],
+           "models": [m.id for m in client.models.list()], "reply": reply.choices[0].message.content},
+          open(sys.argv[1], "w"))
+sys.exit(3)
+"""
+
+
+def test_openrebench_shell_gives_a_person_the_runs_models_as_an_agent_has_them(
+        installed: Path, tmp_path: Path, secrets_in_harness: None) -> None:
+    """`openrebench shell RUN -- COMMAND`: the command runs in the workspace with the run's gateway
+    (its models by role, the attempt's budget, the usage log's `agent` phase), and its exit code is
+    the command's; a run whose tier has no models says so in one line."""
+    runner = CliRunner()
+    run_dir, out = tmp_path / "run", tmp_path / "probe.json"
+    assert runner.invoke(app, ["start", "toy_judge", str(run_dir)]).exit_code == 0
+    result = runner.invoke(app, ["shell", str(run_dir), "--", sys.executable, "-c", SHELL_PROBE, str(out)])
+    assert result.exit_code == 3, result.output
+    seen = json.loads(out.read_text())
+    assert seen["cwd"] == str(run_dir / "workspace") and seen["url"].startswith("http://127.0.0.1:")
+    assert seen["models"] == ["judge"] and seen["reply"]
+    assert seen["key"] not in SECRETS.values()
+    usage = [json.loads(line) for line in (run_dir / "gateway" / "usage.jsonl").read_text().splitlines()]
+    agent = [r for r in usage if r["phase"] == "agent"]
+    assert [(r["grant"], r["role"], r["status"]) for r in agent] == [("run/agent", "judge", 200)]
+    other = tmp_path / "plain"
+    assert runner.invoke(app, ["start", "optimize_kernel", str(other)]).exit_code == 0
+    result = runner.invoke(app, ["shell", str(other), "--", "true"])
+    assert result.exit_code == 1 and result.output.startswith(
+        "error: optimize_kernel (mini) gives its agent no models: there is no gateway to serve")

@@ -49,6 +49,8 @@ def start(
     print_row(run, row)
     print_constants(run)
     console.print(f"\nWorkspace: [bold]{run.workspace}[/]\nScore with: openrebench score {run.path}")
+    if env.tier(tier).models:
+        console.print(f"Its models (OPENAI_BASE_URL, OPENAI_API_KEY) in a shell: openrebench shell {run.path}")
     fail_on_setup_infrastructure(run, row)
 
 
@@ -57,6 +59,47 @@ def score(directory: RunDir = Path(".")) -> None:
     """Score the run's current solution and append the result to its score log."""
     run = Run.open(directory)
     print_row(run, score_with_status(run, "Scoring", access=run_access(run)))
+
+
+@user_errors
+def shell(
+    directory: Annotated[Path, typer.Argument(help="The run directory (from `openrebench start`).")],
+    command: Annotated[list[str] | None, typer.Argument(
+        help="The command to run (default: your $SHELL); put it after --.")] = None,
+) -> None:
+    """Work on a run by hand with its models: a shell (or COMMAND) in the run's workspace, with
+    OPENAI_BASE_URL and OPENAI_API_KEY set to the run's gateway, served by this command until it ends.
+
+    The models are the run's (its tier's, or what its set-up was given), and calls spend the run's
+    attempt budget, as an agent's do: exactly what an agent's sandbox is given.
+    """
+    import os
+    import subprocess
+    import sys
+
+    from openrebench.api import OpenRebenchError
+    from openrebench.gateway import exec_prefix
+    from openrebench.harness import RunModels
+
+    run = Run.open(directory)
+    models = RunModels.of_run(run)
+    if models is None:
+        raise OpenRebenchError(f"{run.info.env_id} ({run.info.tier}) gives its agent no models: there is "
+                               "no gateway to serve; work in the workspace directly")
+    grant = models.agent(run)
+    assert grant.socket_path is not None  # the service makes one per grant
+    argv = command or [os.environ.get("SHELL") or "/bin/sh"]
+    roles = ", ".join(f"{role} ({model})" for role, model in models.models.items())
+    err.print(f"The run's models on its gateway: {roles}. OPENAI_BASE_URL and OPENAI_API_KEY are set "
+              "in this shell; exit it to stop the gateway.", highlight=False)
+    try:
+        code = subprocess.call([*exec_prefix(grant.socket_path, 0, python=sys.executable), *argv],
+                               cwd=run.workspace, env={**os.environ, "OPENAI_API_KEY": grant.token})
+    except FileNotFoundError:
+        raise OpenRebenchError(f"no such command: {argv[0]}") from None
+    finally:
+        models.close()
+    raise typer.Exit(code)
 
 
 @user_errors
