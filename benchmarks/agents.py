@@ -244,9 +244,10 @@ def main() -> None:
                   f"{streams['added_whole_ms']:.2f}")
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": " ".join(["python", *sys.argv]), "measured_at": datetime.now().isoformat(timespec="seconds"),
-        "hardware": detect_hardware().model_dump(), "scaffolds": steps, "streaming": streams}, indent=1) + "\n")
+    record = {"command": " ".join(["python", *sys.argv]),
+              "measured_at": datetime.now().isoformat(timespec="seconds"),
+              "hardware": detect_hardware().model_dump(), "scaffolds": steps, "streaming": streams}
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"results: {args.out}")
 
 
