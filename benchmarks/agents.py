@@ -159,16 +159,7 @@ def serve_streaming_upstream() -> None:
         await response.write_eof()
         return response
 
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        print(f"ready {runner.addresses[0][1]}", flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    serve_chat(chat)
 
 
 def _one_stream(client: httpx.Client) -> tuple[float, float]:

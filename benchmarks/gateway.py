@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -44,13 +45,10 @@ ANSWER = {"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model"
           "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}}
 
 
-def serve_upstream() -> None:
-    """The fake upstream: every chat request answered at once with the same small completion."""
+def serve_chat(chat: Any) -> None:
+    """Serve `chat` (an aiohttp handler) as /v1/chat/completions on a free port of 127.0.0.1, saying
+    `ready PORT` once it listens; for ever."""
     from aiohttp import web
-
-    async def chat(request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response(ANSWER)
 
     async def main() -> None:
         app = web.Application()
@@ -62,6 +60,17 @@ def serve_upstream() -> None:
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def serve_upstream() -> None:
+    """The fake upstream: every chat request answered at once with the same small completion."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response(ANSWER)
+
+    serve_chat(chat)
 
 
 def serve_gateway(sock: str, upstream: str, model: str, api_key: str | None, usage: str) -> None:

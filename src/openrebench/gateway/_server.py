@@ -20,7 +20,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -563,9 +563,19 @@ class Gateway:
         """The backend's whole answer, its failures as the client's errors."""
         assert call.grant is not None and call.model is not None
         backend = call.model.backend
+        async with self._queue(backend).slot(call.grant.run_id):
+            ask = backend.chat if kind == "chat" else backend.complete
+            output = await self._from_backend(call, ask(body))
+        call.started = False
+        if not isinstance(output, dict):
+            raise Refusal(502, f"the backend of {call.model.model_name} gave no response object",
+                          "upstream_error", "upstream_error")
+        return output
+
+    async def _from_backend(self, call: _Call, answer: Awaitable[Any]) -> Any:
+        """The backend's answer (or first chunk), its failures as the client's errors."""
         try:
-            async with self._queue(backend).slot(call.grant.run_id):
-                output = await (backend.chat if kind == "chat" else backend.complete)(body)
+            return await answer
         except BackendError as e:
             call.started = e.status == 504  # refused upstream, nothing spent, unless it timed out
             raise Refusal(e.status, e.message, e.type, e.type) from None
@@ -574,11 +584,6 @@ class Gateway:
         except Exception as e:
             call.started = False
             raise self._broken(call, e) from None
-        call.started = False
-        if not isinstance(output, dict):
-            raise Refusal(502, f"the backend of {call.model.model_name} gave no response object",
-                          "upstream_error", "upstream_error")
-        return output
 
     @staticmethod
     def _broken(call: _Call, e: Exception, when: str = "") -> Refusal:
@@ -600,16 +605,7 @@ class Gateway:
         async with self._queue(backend).slot(call.grant.run_id):
             chunks = _chunks(backend, kind, body)
             try:
-                try:
-                    first = await anext(chunks, None)
-                except BackendError as e:
-                    call.started = e.status == 504
-                    raise Refusal(e.status, e.message, e.type, e.type) from None
-                except (TimeoutError, asyncio.CancelledError):
-                    raise
-                except Exception as e:
-                    call.started = False
-                    raise self._broken(call, e) from None
+                first = await self._from_backend(call, anext(chunks, None))
                 return await self._relay(request, endpoint, call, chunks, first, relay, meter, t0, timer)
             finally:
                 await chunks.aclose()  # a stream left early: its upstream connection is dropped
