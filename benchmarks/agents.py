@@ -36,7 +36,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway import TOKEN, process
+from gateway import TOKEN, process, serve_chat
 
 STEPS = 30  # tool-calling turns of the react and modular scripts
 STREAM_CHUNKS, CHUNK_DELAY_S = 40, 0.005
