@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP) rust debian reach
-	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo
+	@began=$$(date +%s); set -x; \
+	$(BIN)/openrebench eval all --tier mini --agent oracle --log-dir logs/demo --runs-dir runs/demo && \
 	$(BIN)/openrebench eval optimize_kernel --tier mini --agent react --model local --time-limit 1m \
-		--log-dir logs/demo --runs-dir runs/demo
+		--log-dir logs/demo --runs-dir runs/demo; code=$$?; set +x; \
+	echo "demo: $$(( ($$(date +%s) - began) / 60 )) min $$(( ($$(date +%s) - began) % 60 )) s in all"; exit $$code
 
 # Inspect's log viewer on the demo's logs (or LOG_DIR=...), without activating the virtual environment
 view: $(STAMP)

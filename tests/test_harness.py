@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,9 @@ def test_oracle_through_openrebench_eval(tmp_path: Path, monkeypatch: pytest.Mon
     assert result.exit_code == 0, result.output
     assert "optimize_kernel" in result.output and "Inspect logs" in result.output
     assert "Estimate" not in result.output  # no cost estimate for the oracle
+    text = " ".join(result.output.split())
+    assert re.search(r"agent done │ \d+ s │", text), text  # the task's own time, set-up and scorings included
+    assert re.search(r"Total: 1 task in \d+ s \(set-ups, attempts and scorings", text), text
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     (info,) = list_eval_logs(str(tmp_path / "logs" / "demo"))

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -99,6 +100,22 @@ def _one_line(error: Any) -> str:
 def _short_name(line: str) -> str:
     """An exception line without the exception's module path."""
     return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+
+
+def _task_time(log: Any) -> str:
+    """A task's wall time from its log: its set-up, every attempt and scoring (its samples run at once)."""
+    from datetime import datetime
+
+    stats = log.stats
+    try:
+        began, done = datetime.fromisoformat(stats.started_at), datetime.fromisoformat(stats.completed_at)
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    return _minutes((done - began).total_seconds())
 
 
 def _time_limits(text: str | None) -> list[float | None]:
@@ -372,6 +389,7 @@ def eval_(
     options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
                "max_samples": max_samples, "display": display, **made_with,
                **({"solver": SolverSpec(solver)} if solver is not None else {})}
+    began = time.monotonic()
     with serving:
         if retry_attempts or resume:
             _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
@@ -381,7 +399,7 @@ def eval_(
                   caption_justify="left")
     campaign = len(limits) > 1
     for col in ("environment", *(("time limit",) if campaign else ()), "epoch", "normalised", "raw", "ended",
-                "run"):
+                "time", "run"):
         table.add_column(col, justify="left" if col in ("environment", "ended", "run") else "right")
     unisolated = 0
     for log in logs:
@@ -395,9 +413,12 @@ def eval_(
                 table.add_row(log.eval.task, *((describe_duration(float(limit)) if limit else "tier's",)
                                                if campaign else ()),
                               str(sample.epoch), value, fmt(meta.get("raw")), ended(sample),
-                              str(meta.get("run_dir", "")))
+                              _task_time(log), str(meta.get("run_dir", "")))
     if table.rows:
         console.print(table)
+    took, count = _minutes(time.monotonic() - began), f"{len(tasks)} task{'s' * (len(tasks) != 1)}"
+    console.print(f"Total: {count} in {took} (set-ups, attempts and scorings; each task's own in the time "
+                  "column)", highlight=False)
     if unisolated:
         err.print(f"[bold red]warning:[/] {unisolated} attempt(s) ran with --isolation none: nothing was "
                   "isolated, so their scores measure nothing", highlight=False, soft_wrap=True)
