@@ -50,7 +50,7 @@ def start(
     print_constants(run)
     console.print(f"\nWorkspace: [bold]{run.workspace}[/]\nScore with: openrebench score {run.path}")
     if env.tier(tier).models:
-        console.print(f"Its models (OPENAI_BASE_URL, OPENAI_API_KEY) in a shell: openrebench shell {run.path}")
+        console.print(f"Its models in your shell (OPENAI_BASE_URL and the key): openrebench shell {run.path}")
     fail_on_setup_infrastructure(run, row)
 
 
