@@ -16,6 +16,7 @@ from openrebench.isolation import bwrap_binary
 from openrebench.runs import Run, start_run
 
 pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
+pytest_plugins = ["lm_support"]
 
 
 def make_run(path: Path) -> Run:
@@ -235,12 +236,12 @@ def test_cpu_time_of_an_attempt_is_limited(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("env_id", ["optimize_kernel", "scaling_law"])
 def test_agent_processes_are_frozen_while_any_scoring_runs(
-        env_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        env_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lm_home: Path) -> None:
     """A counter the agent leaves running makes no progress while the run is scored (a timed environment
     or not: the solution's code sees held-out data), and goes on after (the scoring itself is replaced by
-    one that watches the counter)."""
-
-
+    one that watches the counter). scaling_law's data comes from the session's shared cache (its corpus
+    and tokenizer, as the other tests build them), not built again."""
+    monkeypatch.setenv("OPENREBENCH_HOME", str(lm_home))
     loop = asyncio.new_event_loop()
     run = start_run(env_id, "mini", tmp_path / "run", score_start=False)[0]
     box = loop.run_until_complete(OpenRebenchSandbox.for_run(run, SandboxConfig(env_id=env_id)))

@@ -400,7 +400,11 @@ def eval_(
     campaign = len(limits) > 1
     for col in ("environment", *(("time limit",) if campaign else ()), "epoch", "normalised", "raw", "ended",
                 "time", "run"):
-        table.add_column(col, justify="left" if col in ("environment", "ended", "run") else "right")
+        # The environment's name whole (the run's path folds instead, at any terminal width).
+        whole = col == "environment"
+        table.add_column(col, justify="left" if col in ("environment", "ended", "run") else "right",
+                         no_wrap=whole, min_width=max(map(len, ids)) if whole else None,
+                         overflow="fold" if col == "run" else "ellipsis")
     unisolated = 0
     for log in logs:
         for sample in log.samples or []:
