@@ -487,6 +487,15 @@ def _no_users_left(folder: Path) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        with open(args.model, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        print(f"error: cannot read {args.model}: {e.strerror}", file=sys.stderr, flush=True)
+        return 1
+    if head != b"GGUF":  # said here, not left to llama.cpp, whose log thread may not write before we exit
+        print(f"error: invalid magic {head!r}: {args.model} is not a GGUF file", file=sys.stderr, flush=True)
+        return 1
     import xllamacpp
 
     stop = threading.Event()
@@ -507,6 +516,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server = xllamacpp.Server(params)  # returns once the model is loaded and the port bound
     except RuntimeError as e:
+        time.sleep(0.5)  # llama.cpp logs the cause from a thread of its own: let it write it first
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     port = int(server.listening_address.rsplit(":", 1)[1])
