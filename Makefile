@@ -28,7 +28,7 @@ view: $(STAMP)
 
 # The suite in two passes: everything but the timing tests on TEST_WORKERS processes, then the timing
 # tests alone, so that no other test's load moves what they measure.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 test: $(STAMP) browser rust debian reach
 	$(BIN)/ruff check src tests benchmarks
