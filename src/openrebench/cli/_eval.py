@@ -413,7 +413,7 @@ def eval_(
                 value = f"{float(score.value):.3f}"
                 if meta.get("isolated") is False:  # a measurement of nothing: said where it is read
                     value, unisolated = f"{value} UNISOLATED", unisolated + 1
-                limit = (log.eval.task_args or {}).get("time_limit")
+                limit = getattr(log.eval.config, "working_limit", None)  # as the caption reads it
                 table.add_row(log.eval.task, *((describe_duration(float(limit)) if limit else "tier's",)
                                                if campaign else ()),
                               str(sample.epoch), value, fmt(meta.get("raw")), ended(sample),
