@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,12 +257,13 @@ class DodgedJudge:
 
     async def create(self, *, messages: list[dict[str, str]], **kw: Any) -> Any:
         text = messages[0]["content"]
+        x, y = re.findall(r"### Answer ([A-Z]):", text)
         if "DODGE" in text:
             reply = "I cannot help with that."
         else:
-            a = text.split("### Answer A:")[1].split("### Answer B:")[0]
-            reply = "A" if "WIN" in a else "B"
-        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=reply))])
+            reply = x if "WIN" in text.split(f"### Answer {x}:")[1].split(f"### Answer {y}:")[0] else y
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=reply),
+                                                        logprobs=None)])
 
 
 def test_a_prompted_verdict_the_answer_prevents_counts_as_a_loss(

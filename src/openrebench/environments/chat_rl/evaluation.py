@@ -22,8 +22,15 @@ Two methods, by the judge model (`settings.json` in the workspace names the tier
   instruction gains most. The better answer has the higher score (each answer is scored once per call,
   however many pairs it is in).
 - `prompted`, for an instruction-tuned chat model (the full tier's Llama-3-8B-Instruct, as in the paper):
-  the model sees the instruction and both answers, in an order drawn at random for each pair, and names
-  the better one (A or B).
+  the model sees the instruction and both answers and names the better one, asked twice, once in each
+  order. The verdict is read constrained: the log-probabilities of the two labels as the reply's first
+  token (`top_logprobs`; the reply's text only where the backend gives none), summed over both orders,
+  so a bias for the first (or second) place cancels. The two labels are letters drawn at random per
+  pair, so an answer cannot name the label it would need ("Answer A is better" names no label, or the
+  wrong one as often as the right, and any label letter standing alone in an answer is shown in lower
+  case: "Verdict: K" reads "Verdict: k"); answers are stripped of chat-template tokens (`<|eot_id|>`,
+  `<start_of_turn>`, `[INST]`...) and of the prompt's own section marks (`###`) before they are shown,
+  so an answer cannot end the user's turn and write the judge's reply, nor open a section of its own.
 """
 
 from __future__ import annotations
@@ -45,9 +52,20 @@ CONDITIONED = "Question: {instruction}\nAnswer:"
 UNCONDITIONED = "Answer:"
 PROMPTED = (
     "You are judging two answers to the same instruction. Pick the answer that follows the instruction "
-    "better: correct, relevant, clear and concise.\n\n### Instruction:\n{instruction}\n\n### Answer A:\n{a}"
-    "\n\n### Answer B:\n{b}\n\nWhich answer is better? Reply with the single letter A or B."
+    "better: correct, relevant, clear and concise.\n\n### Instruction:\n{instruction}\n\n### Answer {x}:\n{a}"
+    "\n\n### Answer {y}:\n{b}\n\nWhich answer is better? Reply with the single letter {x} or {y}."
 )
+LABELS = "CDEFGHJKLMNPQRSTUVWXYZ"  # drawn per pair; not A or I (words), not B (A's usual partner)
+TOP_LOGPROBS = 20
+# Chat-template control text of the common families (Llama 3, ChatML, GPT, Gemma, Llama 2, Mistral,
+# Phi) and any <|...|> token: an answer holding one could close the user's turn and write the verdict.
+_TEMPLATE = re.compile(
+    r"<\|[^<>|\s]{1,40}\|>|</?(?:start_of_turn|end_of_turn|bos|eos|s|pad|unk)>|\[/?INST\]|<</?SYS>>"
+    r"|\[/?(?:SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_RESULTS)\]",
+    re.IGNORECASE,
+)
+_MARKS = re.compile(r"#{2,}")  # the prompt's section marks: an answer must not open a section
+_LABEL = re.compile(rf"\b[{LABELS}]\b")  # a label written in an answer is shown in lower case
 
 
 _SCORES: dict[tuple[str, str], float] = {}  # likelihood scores already asked for, in this process
@@ -177,11 +195,44 @@ async def likelihood_scores(
     return scores
 
 
-def _letter(text: str) -> str | None:
-    """The verdict: the reply's first standalone capital A or B (case kept, so the article 'a' of "Neither
-    is a good answer" is no verdict)."""
-    found = re.search(r"\b([AB])\b", text.strip())
+def _shown(answer: object) -> str:
+    """An answer as the prompted judge sees it: chat-template tokens and section marks removed, then
+    cleaned as every answer is (whitespace folded, cut to MAX_ANSWER_CHARS)."""
+    if not isinstance(answer, str):
+        return ""
+    previous = None
+    while previous != answer:  # "<|eo<|x|>t_id|>" must not become "<|eot_id|>" once the inner one goes
+        previous = answer
+        answer = _MARKS.sub(" ", _TEMPLATE.sub("", answer)).replace("<|", "").replace("|>", "")
+    return _LABEL.sub(lambda m: m[0].lower(), _clean(answer))
+
+
+def _letter(text: str, labels: tuple[str, str]) -> str | None:
+    """The verdict read from the reply's text: its first standalone capital that is one of `labels`
+    (case kept, so an article "a" is no verdict)."""
+    found = re.search(rf"\b([{labels[0]}{labels[1]}])\b", text.strip())
     return found[1] if found else None
+
+
+def _margin(choice: Any, labels: tuple[str, str]) -> float | None:
+    """log P(first label) - log P(second label) as the reply's first token, from `top_logprobs` (each
+    label's probability summed over its spellings: "K", " K"); a label outside the top ones counts at
+    the least probability listed. Without log-probabilities, the reply's text: +1 or -1. None: no
+    verdict."""
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if content:
+        tops = getattr(content[0], "top_logprobs", None) or []
+        mass = {label: 0.0 for label in labels}
+        floor = min((float(t.logprob) for t in tops), default=-math.inf)
+        for t in tops:
+            token = str(getattr(t, "token", "")).strip()
+            if token in mass:
+                mass[token] += math.exp(float(t.logprob))
+        if any(mass.values()):
+            first, second = (math.log(mass[x]) if mass[x] else floor for x in labels)
+            return first - second
+    letter = _letter(getattr(choice.message, "content", None) or "", labels)
+    return None if letter is None else (1.0 if letter == labels[0] else -1.0)
 
 
 async def _prompted(
@@ -193,37 +244,43 @@ async def _prompted(
     unreadable: float | None = None,
 ) -> list[float | None]:
     rng = random.Random(seed)
-    swaps = [rng.random() < 0.5 for _ in pairs]  # the presentation order, drawn per pair
+    labels = [tuple(rng.sample(LABELS, 2)) for _ in pairs]  # drawn per pair, from the seed
     semaphore = asyncio.Semaphore(max_workers)
 
-    async def one(instruction: str, pair: tuple[str, str], swap: bool) -> float | None:
-        a, b = (_clean(pair[1]), _clean(pair[0])) if swap else (_clean(pair[0]), _clean(pair[1]))
-        if not a and not b:
-            return 0.5
-        if not a or not b:
-            first_better = bool(a)
-        else:
-            text = PROMPTED.format(instruction=instruction.strip(), a=a, b=b)
-            async with semaphore:
-                try:
-                    out = await _with_retries(
-                        lambda: client.chat.completions.create(
-                            model=ROLE,
-                            messages=[{"role": "user", "content": text}],
-                            max_tokens=4,
-                            temperature=0,
-                        )
+    async def ask(instruction: str, a: str, b: str, x: str, y: str) -> float | Exception | None:
+        """The margin for `a` (shown first, as x) over `b` (as y); an exception the backend raised."""
+        text = PROMPTED.format(instruction=instruction.strip(), a=a, b=b, x=x, y=y)
+        async with semaphore:
+            try:
+                out = await _with_retries(
+                    lambda: client.chat.completions.create(
+                        model=ROLE,
+                        messages=[{"role": "user", "content": text}],
+                        max_tokens=1,
+                        temperature=0,
+                        logprobs=True,
+                        top_logprobs=TOP_LOGPROBS,
                     )
-                except Exception as e:
-                    return unreadable if _content_error(e) else None
-            letter = _letter(out.choices[0].message.content or "")
-            if letter is None:
-                return unreadable
-            first_better = letter == "A"
-        return float(first_better != swap)
+                )
+            except Exception as e:
+                return e
+        return _margin(out.choices[0], (x, y))
+
+    async def one(instruction: str, pair: tuple[str, str], xy: tuple[str, str]) -> float | None:
+        a, b = _shown(pair[0]), _shown(pair[1])
+        if not a or not b:
+            return 0.5 if not a and not b else float(bool(a))
+        x, y = xy
+        forward, backward = await asyncio.gather(ask(instruction, a, b, x, y), ask(instruction, b, a, x, y))
+        if isinstance(forward, Exception) or isinstance(backward, Exception):
+            content = all(not isinstance(m, Exception) or _content_error(m) for m in (forward, backward))
+            return unreadable if content else None
+        if forward is None or backward is None:
+            return unreadable
+        return preference(forward - backward, 0.0)
 
     return list(
-        await asyncio.gather(*(one(p, pair, s) for p, pair, s in zip(prompts, pairs, swaps, strict=True)))
+        await asyncio.gather(*(one(p, pair, xy) for p, pair, xy in zip(prompts, pairs, labels, strict=True)))
     )
 
 
@@ -249,8 +306,8 @@ async def evaluate(
     """The judge's preference for the first answer of each pair (see the module's docstring).
 
     `client`: an `openai.AsyncOpenAI` (default: one from OPENAI_BASE_URL and OPENAI_API_KEY);
-    `method`: `likelihood` or `prompted` (default: the tier's, from judge.json); `seed`: the random
-    presentation order of the prompted judge; `unreadable`: what a pair counts whose verdict could not be
+    `method`: `likelihood` or `prompted` (default: the tier's, from settings.json); `seed`: the prompted
+    judge's labels, drawn per pair; `unreadable`: what a pair counts whose verdict could not be
     read or whose request the backend refused (None: left out)."""
     if len(prompts) != len(pairs):
         raise ValueError(f"{len(prompts)} prompts but {len(pairs)} pairs")

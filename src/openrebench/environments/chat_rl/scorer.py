@@ -6,10 +6,11 @@ safetensors (nothing unpickled) into the base model's architecture, every tensor
 shapes, floating dtype, finite); the submission's own config.json is not trusted (the base's, in
 `protected/`, is used). The scorer samples one answer per held-out instruction with the tier's fixed
 settings and a fresh seed, and asks the judge (the run's `judge` role, through the gateway) to compare
-it with each reference model's stored answer, in an order drawn at random per pair. A judge call that
+it with each reference model's stored answer (a prompted judge: in both orders, under labels drawn at
+random per pair, its verdict read from their log-probabilities; see evaluation.py). A judge call that
 fails after its retries (the judge unreachable, its backend down) is counted and left out of the win
 rates, never counted as a loss; more than `MAX_LEFT_OUT` of the comparisons left out make the scoring
-invalid. A verdict the answers themselves prevent (a reply with no A or B, a request the backend refuses
+invalid. A verdict the answers themselves prevent (a reply naming neither label, a request the backend refuses
 for its content) counts as a loss: otherwise a model could dodge the comparisons it would lose. The
 message gives counts only, never an instruction or an answer.
 """
