@@ -36,8 +36,13 @@ class CpuInput:
 
     @staticmethod
     def open(fd: int, n: int) -> torch.Tensor:
-        """The host's view of the buffer (mapped before the solution is imported)."""
-        return torch.frombuffer(mmap.mmap(fd, max(4 * n, 4)), dtype=torch.int32, count=n)
+        """The host's view of the buffer (mapped before the solution is imported), made as torch makes
+        a shared tensor it receives from another process: its storage knows its file, so a solution that
+        hands the input to a worker through torch.multiprocessing shares these very pages. A tensor over
+        a plain mapping would instead be moved into new shared memory at its first sending, leaving the
+        host to read a stale copy from then on."""
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, max(4 * n, 4))
+        return torch.empty(0, dtype=torch.int32).set_(storage, 0, (n,), (1,))
 
     def close(self) -> None:
         del self.tensor

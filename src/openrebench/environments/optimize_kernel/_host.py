@@ -149,9 +149,10 @@ def main() -> None:
         slot = int(setup.get("slot", n))
         done = torch.cuda.Event(interprocess=True)
     else:
+        # Nothing here starts torch's thread pool before the import: OpenMP's threads do not survive a
+        # fork, and a solution's worker forked at import (as it may be outside the scorer) would then
+        # deadlock in its first multi-threaded operation.
         x_buf = CpuInput.open(int(setup["fd"]), n)
-        # Start torch's worker threads now, so the baseline pauses as many threads as a solution has.
-        torch.ones(1 << 20, dtype=torch.int64).sum()
     channel.send({"hello": True, **({"event": base64.b64encode(done.ipc_handle()).decode()} if done else {})})
     if _serve(channel, _baseline(device, n), x_buf, solution_dir, done, slot) != "import":
         return
