@@ -10,10 +10,12 @@ import contextlib
 import re
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from aiohttp import web
 
+from openrebench.environments.chat_rl import evaluation
 from openrebench.environments.chat_rl.env import MINI
 from openrebench.environments.chat_rl.params import Pipeline
 from openrebench.runs import ScoringAccess
@@ -108,3 +110,45 @@ def judge_access(url: str, judge: str = "fake-echo") -> Any:
         yield access
 
     return give
+
+
+# A prompted (chat) judge for the full tier's method, and reading its prompt back.
+
+def labels_of(prompt: str) -> tuple[str, str]:
+    found = re.search(r"Reply with the single letter ([A-Z]) or ([A-Z])\.$", prompt)
+    assert found, prompt
+    return found[1], found[2]
+
+
+def shown_answers(prompt: str) -> tuple[str, str]:
+    x, y = labels_of(prompt)
+    first = prompt.split(f"### Answer {x}:\n")[1].split(f"\n\n### Answer {y}:")[0]
+    second = prompt.split(f"### Answer {y}:\n")[1].split("\n\nWhich answer")[0]
+    return first, second
+
+
+def first_token_logprobs(*pairs: tuple[str, float]) -> Any:
+    """A chat choice's `logprobs` with the first token's top log-probabilities."""
+    tops = [SimpleNamespace(token=t, logprob=lp) for t, lp in pairs]
+    first = SimpleNamespace(token=pairs[0][0], logprob=pairs[0][1], top_logprobs=tops)
+    return SimpleNamespace(content=[first])
+
+
+class ChatJudge:
+    """A prompted judge: `verdict(prompt)` gives its reply's text, `margins(prompt)` (optional) the top
+    log-probabilities of its first token."""
+
+    def __init__(self, verdict: Any = None, margins: Any = None, reply: str | None = None) -> None:
+        self.seen: list[str] = []
+        self.verdict = verdict or (lambda prompt: reply if reply is not None else labels_of(prompt)[0])
+        self.margins = margins
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    async def create(self, *, model: str, messages: list[dict[str, str]], max_tokens: int,
+                     temperature: float, logprobs: bool, top_logprobs: int) -> Any:
+        assert model == "judge" and max_tokens == 1 and logprobs and top_logprobs == evaluation.TOP_LOGPROBS
+        prompt = messages[0]["content"]
+        self.seen.append(prompt)
+        lp = self.margins(prompt) if self.margins else None
+        return SimpleNamespace(choices=[SimpleNamespace(
+            message=SimpleNamespace(content=self.verdict(prompt)), logprobs=lp)])
