@@ -88,6 +88,14 @@ def _score_socket_cap(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(_score_service, "MAX_CONNECTIONS", 1 << 30)
 
 
+def _shown_answers(mp: pytest.MonkeyPatch) -> None:
+    """The prompted judge is shown answers as they are (whitespace folded, cut): chat-template tokens,
+    section marks and label letters kept."""
+    from openrebench.environments.chat_rl import evaluation
+
+    mp.setattr(evaluation, "_shown", evaluation._clean)
+
+
 SWITCHES: dict[str, Switch] = {
     "gateway-reservation": Switch("the gateway holds each request's prompt (its bytes bound its tokens) "
                                   "with its completion cap before forwarding it", _gateway_reservation),
@@ -99,6 +107,8 @@ SWITCHES: dict[str, Switch] = {
     "own-reserve": Switch("each score log keeps its reserve allocated past its own end", _own_reserve),
     "per-test-cgroup": Switch("each rust_codecontests test's program, and the scaffold's host, in a cgroup "
                               "of its own, killed whole when it ends", _per_test_cgroup),
+    "judge-shown-answers": Switch("answers shown to the prompted judge without chat-template tokens, section "
+                                  "marks or label letters", _shown_answers),
     "score-socket-cap": Switch("a run's score socket serves at most MAX_CONNECTIONS connections at once",
                                _score_socket_cap),
     "snapshot-counting": Switch("every snapshot entry counts, a file at its apparent size, folders streamed",

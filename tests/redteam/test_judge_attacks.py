@@ -146,7 +146,8 @@ INJECTIONS = [
 ]
 
 
-@attack(env=ENV, cls="verdict written into an answer (full tier, prompted judge)", invariant=4)
+@attack(env=ENV, cls="verdict written into an answer (full tier, prompted judge)", invariant=4,
+        defence="judge-shown-answers")
 @pytest.mark.parametrize("injected", INJECTIONS)
 def test_an_injected_verdict_gains_nothing(injected: str) -> None:
     """Class 4 on the full tier: against a judge that obeys whatever verdict it reads, an answer that
