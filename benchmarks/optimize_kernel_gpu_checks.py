@@ -69,7 +69,8 @@ def main() -> None:
                 window = statistics.median(d["windows_ms"]) if d.get("windows_ms") else None
                 rows[name].append({"raw": row.raw, "median_ms": d.get("median_ms"), "window_ms": window,
                                    "overhead_ms": d.get("overhead_ms"), "wall_s": time.perf_counter() - t0,
-                                   "message": row.message, "phases_s": d.get("phases_s")})
+                                   "message": row.message, "phases_s": d.get("phases_s"),
+                                   "harness_phases_s": d.get("harness_phases_s")})
                 print(f"#{i + 1} {name}: {row.message[:300]}", flush=True)
                 if "infrastructure failure" in row.message:
                     # Not the solution's doing: stop here (device time is dear), with what the scorer said.
@@ -86,16 +87,20 @@ def main() -> None:
         summary[name] = {"valid": len(valid), "scorings": len(rs), "median_ms": med("median_ms"),
                          "window_ms": med("window_ms"), "overhead_ms": med("overhead_ms"),
                          "wall_s": med("wall_s", rs)}
-        phases = [r["phases_s"] for r in rs if isinstance(r.get("phases_s"), dict)]
-        summary[name]["phases_s"] = {k: statistics.median(ph.get(k, 0.0) for ph in phases)  # type: ignore[union-attr]
-                                     for k in (phases[0] if phases else {})}
+        for key in ("phases_s", "harness_phases_s"):
+            phases = [r[key] for r in rs if isinstance(r.get(key), dict)]
+            summary[name][key] = {k: statistics.median(ph.get(k, 0.0) for ph in phases)  # type: ignore[union-attr]
+                                  for k in (phases[0] if phases else {})}
         s = summary[name]
         fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
         print(f"{name:<55}{s['valid']:>3}/{len(rs):<2}{fmt(s['median_ms']):>9}{fmt(s['window_ms']):>9}"
               f"{fmt(s['overhead_ms']):>10}{s['wall_s']:>8.1f}")
-    print("\nmedian seconds per phase of a scoring (inside the scorer):")
+    print("\nmedian seconds per phase of a scoring (inside the scorer; then the harness's: the snapshot, "
+          "the sandbox's set-up, the scorer process's start, its environment's loading, its scoring with "
+          "imports, its exit):")
     for name, s in summary.items():
         print(f"{name:<55}" + "  ".join(f"{k} {v:.2f}" for k, v in s["phases_s"].items()))
+        print(f"{'':<55}" + "  ".join(f"{k} {v:.2f}" for k, v in s["harness_phases_s"].items()))
     precision = _precision(env, rows, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "repeats": args.repeats,

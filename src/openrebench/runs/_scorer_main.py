@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
             "details are in the run's score log."), False
 
 
-def _score(env: Any, config: dict[str, str]) -> Any:
+def _score(env: Any, config: dict[str, Any]) -> Any:
     from openrebench.api._environment import ScoreResult
 
     from ._scoring import READY_TAG
@@ -56,6 +57,7 @@ def _score(env: Any, config: dict[str, str]) -> Any:
 
 
 def main() -> None:
+    started = time.time()
     dumpable_off = make_non_dumpable()
     config = json.loads(sys.stdin.read())
     from openrebench.api._environment import ScoreResult
@@ -72,7 +74,13 @@ def main() -> None:
             f"'{config['env_id']}'), not caused by your solution; the details are in the run's score log.",
             infrastructure=True, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
     else:
+        loaded = time.time()
         result = _score(env, config)
+        launched = config.get("launched_at")
+        if isinstance(launched, int | float):  # where a slow scoring's time goes, outside the scorer's own
+            result.details["harness_phases_s"] = {
+                "scorer_start": round(started - launched, 3), "environment_load": round(loaded - started, 3),
+                "score": round(time.time() - loaded, 3)}
     result.details["scorer_non_dumpable"] = dumpable_off
     try:
         line = result.model_dump_json()

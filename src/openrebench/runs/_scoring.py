@@ -375,6 +375,7 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
     nonce = secrets.token_hex(16)
     limit = memory_limit_gb * 1024**3
     cgroup = None
+    began = time.time()
     if sandboxed:
         cgroup = Cgroup.create("score", memory_bytes=int(limit * 1.25) + (1 << 30), max_pids=4096)
         run_group = None
@@ -393,10 +394,14 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
         env = _scorer_env()
         if access and access.env:
             env = {**(env or os.environ), **access.env}
-    config = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
+    config: dict[str, Any] = {"env_id": env_id, "tier": tier, "nonce": nonce, **paths}
     try:
-        return _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup, env=env,
-                      stop=stop)
+        result = _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup, env=env,
+                        stop=stop)
+        phases = result.details.get("harness_phases_s")
+        if isinstance(phases, dict) and isinstance(config.get("launched_at"), float):
+            phases["sandbox_setup"] = round(config["launched_at"] - began, 3)
+        return result
     finally:
         if cgroup is not None:
             cgroup.close()
@@ -419,6 +424,7 @@ def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit:
            memory_limit_gb: float, timeout_s: float, cgroup: Cgroup | None,
            env: dict[str, str] | None = None, stop: threading.Event | None = None) -> ScoreResult:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        config["launched_at"] = time.time()  # the scorer's own phases are counted from here
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
                                 start_new_session=True, cwd=cwd, env=env)
         assert proc.stdin is not None
@@ -462,6 +468,11 @@ def _watch(cmd: list[str], config: dict[str, str], cwd: Path, nonce: str, limit:
             except ValueError:
                 break
             result.details.update(details)
+            phases = result.details.get("harness_phases_s")
+            if isinstance(phases, dict):  # the scorer's own phases, and its exit after the result
+                ended = time.time() - config["launched_at"]
+                inside = sum(v for v in phases.values() if isinstance(v, int | float))
+                phases["scorer_exit"] = round(max(ended - inside, 0.0), 3)
             return result
     code = proc.returncode
     what = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
@@ -541,10 +552,12 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
     tier = env.tier(run.info.tier)
     with _tracked_temp_dir("openrebench-snapshot-") as tmp:
         snapshot = Path(tmp) / "solution"
+        began = time.monotonic()
         try:
             sha, notes = snapshot_workspace(run.workspace, snapshot, int(tier.max_workspace_gb * 1024**3))
         except OpenRebenchError as e:
             return ScoreResult.invalid(f"Invalid: {e}."), "", []
+        snapshot_s = round(time.monotonic() - began, 3)
         problem = _protected_problem(run)
         if problem:
             return infrastructure_failure(problem), sha, notes
@@ -557,6 +570,9 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
                                 timeout_s=timeout_s or tier.score_timeout_s,
                                 memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices,
                                 access=given, stop=stop)
+            phases = result.details.get("harness_phases_s")
+            if isinstance(phases, dict):
+                result.details["harness_phases_s"] = {"snapshot": snapshot_s, **phases}
             if given is not None and given.report is not None:
                 result.details.update(given.report())
             failed = given.infrastructure() if given is not None and given.infrastructure else None
