@@ -153,6 +153,7 @@ class SolutionProcess:
 
     def __init__(self, module: str, solution: Path, env: dict[str, str] | None = None,
                  pass_fds: tuple[int, ...] = (), cgroup: Any = None) -> None:
+        self._closed = False
         self._logdir = Path(tempfile.mkdtemp(prefix="openrebench-host-"))
         self.log_path = self._logdir / "output.log"
         parent_read, child_write = os.pipe()
@@ -238,6 +239,10 @@ class SolutionProcess:
         return reply
 
     def close(self) -> None:
+        """End the host and everything it started; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self._read_fd, self._write_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -1,12 +1,12 @@
 """Memory the scorer owns and lends to the solution host: where each call's input is placed.
 
-CPU: one sealed memfd (it cannot be shrunk, so the scorer's own mapping can never fault), inherited by
-the host and mapped there. CUDA: an allocation of its own (cuMemAlloc, outside torch's caching
-allocator, so no private tensor of the scorer ever shares it) lent by CUDA IPC; in the other direction
-the host lends the allocation holding its result, which the scorer maps and compares in place, so no
-copy is counted that a rewritten host could skip. CUDA IPC does not cross uids: on a GPU the scorer
-runs as the solution's uid (see scorer.py). Both sides see the same bytes; only the scorer decides what
-is written when. The driver API is used through ctypes (libcuda is wherever a CUDA GPU is).
+CPU: one sealed memfd (`_start.input_memfd`: it cannot be shrunk, so the scorer's own mapping can never
+fault), inherited by the host and mapped there. CUDA: an allocation of its own (cuMemAlloc, outside
+torch's caching allocator, so no private tensor of the scorer ever shares it) lent by CUDA IPC; in the
+other direction the host lends the allocation holding its result, which the scorer maps and compares in
+place, so no copy is counted that a rewritten host could skip. CUDA IPC does not cross uids: on a GPU the
+scorer runs as the solution's uid (see _start.py). Both sides see the same bytes; only the scorer decides
+what is written when. The driver API is used through ctypes (libcuda is wherever a CUDA GPU is).
 """
 
 from __future__ import annotations
@@ -14,24 +14,20 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
-import fcntl
 import functools
 import mmap
-import os
 from typing import Any
 
 import torch
 
 
 class CpuInput:
-    """An int32 buffer of n elements in a sealed memfd: `tensor` maps it, `fd` is what the host inherits."""
+    """The scorer's view of the input buffer, an int32 memfd of n elements (`_start.input_memfd`, sealed)
+    that the host inherited: `tensor` maps it. The fd stays the caller's."""
 
-    def __init__(self, n: int) -> None:
-        self.fd = os.memfd_create("optimize-kernel-input", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, max(4 * n, 4))
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS,
-                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        self._map = mmap.mmap(self.fd, max(4 * n, 4))
+    def __init__(self, fd: int, n: int) -> None:
+        self.fd = fd
+        self._map = mmap.mmap(fd, max(4 * n, 4))
         self.tensor = torch.frombuffer(self._map, dtype=torch.int32, count=n)
 
     @staticmethod
@@ -48,7 +44,6 @@ class CpuInput:
         del self.tensor
         with contextlib.suppress(BufferError):
             self._map.close()
-        os.close(self.fd)
 
 
 class CudaIpcError(RuntimeError):

@@ -73,6 +73,10 @@ class OptimizeKernel(Environment[KernelParams]):
         return super().instructions(tier, time_limit_s, models, budget).replace("$speed_note", note)
 
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
+        from ._start import host_started
 
-        return score(self.tier(tier), solution)
+        spec = self.tier(tier)
+        with host_started(spec, solution) as started:  # the host imports torch while the scorer does
+            from .scorer import score
+
+            return score(spec, solution, started)

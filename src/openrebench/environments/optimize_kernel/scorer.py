@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import math
 import os
 import statistics
@@ -30,22 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from openrebench.api import (
-    ScoreResult,
-    SolutionError,
-    SolutionProcess,
-    TierSpec,
-    become_solution,
-    solution_cgroup,
-)
+from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
 
 from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
 from ._inputs import expected_output, fresh_input
+from ._start import Started
 from ._yardstick import Yardstick
 from .params import KernelParams
 
-HOST_MODULE = "openrebench.environments.optimize_kernel._host"
 MIN_MS = 1e-3  # a solution's time per call is never taken below one microsecond
 SAMPLE = 1 << 16  # positions of each GPU result checked inside its window (all are checked after it)
 
@@ -238,26 +230,13 @@ class _Session:
             os.close(self.mem_fd)
 
 
-def _not_dumpable() -> None:
-    """Keep a solution running as this process's uid from reading its memory (the expected outputs)
-    through /proc or ptrace; where the solution has as many privileges as the scorer, only the scoring
-    sandbox (another uid) protects it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-
-
-def _as_solution_uid() -> None:
-    """CUDA IPC does not cross uids: where the scorer is root and the solution runs as the sandbox uid,
-    the scorer becomes that uid before touching the GPU (this environment reads no protected data),
-    with no way back to privileges, and non-dumpable so that the solution can neither trace it nor
-    read its memory, though they share a uid."""
-    become_solution()
-
-
-def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
-    if spec.device == "cuda":
-        _as_solution_uid()
-    _not_dumpable()
+def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> ScoreResult:
+    """Score with the host `started` (`_start.host_started`, which started it before this module
+    imported torch)."""
+    if started.result is not None:
+        return started.result
+    host, group = started.host, started.group
+    assert host is not None
     p = spec.params
     n, warmup, timed, per_window = p.length, p.warmup_calls, p.timed_calls, p.calls_per_window
     if spec.device == "cuda" and not torch.cuda.is_available():
@@ -278,72 +257,61 @@ def score(spec: TierSpec[KernelParams], solution: Path) -> ScoreResult:
         x = fresh_input(size, low, high, device)
         return x, expected_output(x)
 
-    # Every process of the solution lives in one cgroup: frozen outside its windows on the CPU (no pause
-    # made of signals, which a solution could undo), killed whole at the end.
-    group = solution_cgroup()
-    if device.type == "cpu" and (group is None or not group.can_freeze):
-        if group is not None:
-            group.close()
-        return ScoreResult.invalid(
-            "Invalid: infrastructure failure (this machine gives the scorer no cgroup freezer, so the "
-            "solution's processes cannot be paused between timed calls), not caused by your solution.",
-            infrastructure=True)
-    # On a GPU the host starts first: it imports torch while this process initialises CUDA.
-    buffers: CpuInput | CudaInput | None = CpuInput(n) if device.type == "cpu" else None
+    # The host was started first: it imports torch while this process initialises CUDA.
+    buffers: CpuInput | CudaInput | None = None
     session: _Session | None = None
     try:
-        with SolutionProcess(HOST_MODULE, solution, cgroup=group,
-                             pass_fds=(buffers.fd,) if isinstance(buffers, CpuInput) else ()) as host:
-            if buffers is None:
-                buffers = CudaInput(n * per_window, device)
-            phase("start")
-            session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s, group)
-            # The protocol's own cost, measured before the solution exists (the identity's output is its
-            # input), where the tier subtracts it.
-            x = fresh_input(n, -10, 11, device)
-            baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
-            overhead = statistics.median(baseline) if baseline else 0.0
-            phase("host_ready")
-            if yardstick is not None:
-                yard = Yardstick(yardstick.length, session.nice)
-                yard.run("before", yardstick.block)
-            session.request({"op": "import"}, p.setup_timeout_s, "importing solution.py")
-            phase("import")
-            for label, size, low, high in _checks(n):
-                session.call(*prepared(size, low, high), label)
-            phase("checks")
-            windows, host_ms = [], []
-            for k in range(warmup + timed):
-                if device.type == "cuda":
-                    xs, wants = zip(*(prepared(n, -10, 11) for _ in range(per_window)), strict=True)
-                    phase("inputs")
-                    ms, reply = session.window(list(xs), list(wants), f"timing #{k + 1}")
-                    phase("windows")
-                    del xs, wants
-                    windows.append(ms)
-                    with contextlib.suppress(TypeError, ValueError):
-                        host_ms.append(float(reply.get("host_ms")) / per_window)  # type: ignore[arg-type]
-                    continue
-                # The warm-up calls share one input (their times are not counted; only the timed calls
-                # need inputs no call has seen): 19 fewer inputs and answers to make, about 1 s.
-                if k >= warmup or k == 0:
-                    x, want = prepared(n, -10, 11)
-                if yard is not None and k >= warmup:  # every process of the solution is paused here
-                    yard.run("between")
-                ms, reply = session.call(x, want, f"timing #{k + 1}")
+        if started.input_fd is not None:
+            buffers = CpuInput(started.input_fd, n)
+        else:
+            buffers = CudaInput(n * per_window, device)
+        phase("start")
+        session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s, group)
+        # The protocol's own cost, measured before the solution exists (the identity's output is its
+        # input), where the tier subtracts it.
+        x = fresh_input(n, -10, 11, device)
+        baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
+        overhead = statistics.median(baseline) if baseline else 0.0
+        phase("host_ready")
+        if yardstick is not None:
+            yard = Yardstick(yardstick.length, session.nice)
+            yard.run("before", yardstick.block)
+        session.request({"op": "import"}, p.setup_timeout_s, "importing solution.py")
+        phase("import")
+        for label, size, low, high in _checks(n):
+            session.call(*prepared(size, low, high), label)
+        phase("checks")
+        windows, host_ms = [], []
+        for k in range(warmup + timed):
+            if device.type == "cuda":
+                xs, wants = zip(*(prepared(n, -10, 11) for _ in range(per_window)), strict=True)
+                phase("inputs")
+                ms, reply = session.window(list(xs), list(wants), f"timing #{k + 1}")
+                phase("windows")
+                del xs, wants
                 windows.append(ms)
                 with contextlib.suppress(TypeError, ValueError):
-                    host_ms.append(float(reply.get("host_ms")))  # type: ignore[arg-type]
-            phase("windows")
+                    host_ms.append(float(reply.get("host_ms")) / per_window)  # type: ignore[arg-type]
+                continue
+            # The warm-up calls share one input (their times are not counted; only the timed calls
+            # need inputs no call has seen): 19 fewer inputs and answers to make, about 1 s.
+            if k >= warmup or k == 0:
+                x, want = prepared(n, -10, 11)
+            if yard is not None and k >= warmup:  # every process of the solution is paused here
+                yard.run("between")
+            ms, reply = session.call(x, want, f"timing #{k + 1}")
+            windows.append(ms)
+            with contextlib.suppress(TypeError, ValueError):
+                host_ms.append(float(reply.get("host_ms")))  # type: ignore[arg-type]
+        phase("windows")
     except SolutionError as e:
         return ScoreResult.invalid(f"Invalid: {e}")
     finally:
+        host.close()  # every process of the solution ends here, before the yardstick's last block
         if session is not None:
             session.close()
         if buffers is not None:
             buffers.close()
-        if group is not None:
-            group.close()
         phase("close")
     speed = None
     if yard is not None and yardstick is not None and session is not None:
