@@ -116,6 +116,10 @@ class TierSpec(BaseModel, Generic[P]):
     time_limit_hours: float = Field(description="Default working-time budget for an attempt.")
     score_timeout_s: float = Field(description="Wall-clock limit of one scoring, set-up included.")
     memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
+    triton_cache: bool = Field(default=False, description=(
+        "Keep Triton's compile cache across the run's scorings (one per run, out of the agent's sandbox, at "
+        "most 256 MB, copied in and out like a snapshot): the solution's kernels compile in its first "
+        "scoring only. For tiers whose scorings hold no held-out data the solution could carry on."))
     max_workspace_gb: float = Field(default=4, gt=0, description=(
         "The largest workspace a scoring copies (its snapshot): a bigger one scores invalid."))
     gpus: int = Field(default=0, description="GPUs an attempt holds exclusively (0: one if device is "

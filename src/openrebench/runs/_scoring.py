@@ -326,13 +326,15 @@ class ScoringAccessFn(Protocol):
 
 def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], cgroup: Cgroup | None,
                        run_group: Cgroup | None = None, access: ScoringAccess | None = None,
-                       tools: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+                       tools: Sequence[str] = (), triton_cache: Path | None = None
+                       ) -> tuple[list[str], dict[str, str]]:
     """The scorer inside a fresh bubblewrap sandbox: the snapshot and `protected/` (read-only) are
     all it sees of the run. As root, the scorer keeps root (it must read `protected/`, which is
     root-only) and starts the solution's code as an unprivileged uid that can read neither.
     `run_group`, a sub-group of the scoring's cgroup, is bound in (its files writable by root only) and
     named in $OPENREBENCH_RUN_CGROUP: the scorer puts the solution's timed work there, and counts it
-    until the kernel says the group is empty."""
+    until the kernel says the group is empty. `triton_cache`, the run's kept Triton cache (see
+    `_kept_triton_cache`), is bound in as Triton's cache instead of a fresh one in /tmp."""
     privileged = os.geteuid() == 0
     identity: list[Bind] = []
     env = {"PATH": sandbox_path(), "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
@@ -352,11 +354,18 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
                    for i, d in enumerate(run_group.dirs if run_group else [])]
     if group_binds:
         env[RUN_CGROUP_ENV] = ":".join(b.dest for b in group_binds)
+    cache_binds = []
+    if triton_cache is not None:
+        # Existing entries stay the harness's (read-only to the solution); new kernels go in new folders.
+        triton_cache.chmod(0o1777)
+        cache_binds = [Bind(triton_cache, f"{SCORE_DIR}/triton-cache", writable=True)]
+        env["TRITON_CACHE_DIR"] = f"{SCORE_DIR}/triton-cache"
     access = access or ScoringAccess()
     env = {**access.env, **env}  # the access adds variables, never replaces the scorer's own
     spec = SandboxSpec(
         binds=[Bind(solution, f"{SCORE_DIR}/solution", writable=True),
-               Bind(protected, f"{SCORE_DIR}/protected"), *identity, *group_binds, *access.binds],
+               Bind(protected, f"{SCORE_DIR}/protected"), *identity, *group_binds, *cache_binds,
+               *access.binds],
         cwd=f"{SCORE_DIR}/solution", env=env, devices=devices, drop_privileges=False, plugins=True,
         limits=Limits(max_processes=None if cgroup else 4096), tools=tools)
     # -P: the working directory (the solution) must not come first on sys.path, or a solution
@@ -368,10 +377,11 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
 
 def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeout_s: float,
                memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = (),
-               access: ScoringAccess | None = None, stop: threading.Event | None = None) -> ScoreResult:
+               access: ScoringAccess | None = None, stop: threading.Event | None = None,
+               triton_cache: Path | None = None) -> ScoreResult:
     """Run the environment's scorer in a fresh process with a wall-clock and a resident-memory limit:
-    in a bubblewrap sandbox with `sandboxed`, else in its own PID namespace where one can be made,
-    with what `access` adds. Any failure becomes an invalid result."""
+    in a bubblewrap sandbox with `sandboxed` (with `triton_cache` as Triton's cache), else in its own PID
+    namespace where one can be made, with what `access` adds. Any failure becomes an invalid result."""
     nonce = secrets.token_hex(16)
     limit = memory_limit_gb * 1024**3
     cgroup = None
@@ -385,7 +395,8 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
             with contextlib.suppress(OSError):
                 run_group = cgroup.child("run")
         tools = [str(t) for t in get_environment(env_id).host_tools(tier)]
-        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group, access, tools)
+        cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group, access, tools,
+                                        triton_cache)
         env = None
     else:
         prefix = access.prefix if access else ()
@@ -565,11 +576,16 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
             sandboxed = scoring_sandbox_default()
         if devices is None:
             devices = all_gpu_nodes() if tier.device == "cuda" else []
+        cache = Path(tmp) / "triton-cache" if tier.triton_cache and sandboxed else None
+        if cache is not None:
+            _kept_triton_cache(run, cache, load=True)
         with access(run, sandboxed) if access else nullcontext(None) as given:
             result = run_scorer(env.id, tier.name, snapshot, run.protected,
                                 timeout_s=timeout_s or tier.score_timeout_s,
                                 memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices,
-                                access=given, stop=stop)
+                                access=given, stop=stop, triton_cache=cache)
+            if cache is not None:
+                result.details["triton_cache"] = _kept_triton_cache(run, cache, load=False)
             phases = result.details.get("harness_phases_s")
             if isinstance(phases, dict):
                 result.details["harness_phases_s"] = {"snapshot": snapshot_s, **phases}
@@ -581,6 +597,41 @@ def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
                 result = infrastructure_failure(failed, **details, scored_as={"raw": result.raw,
                                                                               "message": result.message})
     return result, sha, notes
+
+
+TRITON_CACHE_BYTES = 256 << 20
+
+
+def _kept_triton_cache(run: Run, scoring: Path, *, load: bool) -> str:
+    """The run's Triton cache (`<run>/scoring-cache/triton`, the harness's, never in the agent's sandbox):
+    with `load`, copied into `scoring` (the folder a scoring binds as Triton's cache); else what that
+    scoring left there is copied back as the new cache. Both copies are snapshots (regular files and
+    folders only, no link followed, at most TRITON_CACHE_BYTES); a cache that breaks a limit is dropped, so
+    the next scoring compiles again. Returns what happened, for the row's details."""
+    store = run.path / "scoring-cache" / "triton"
+    if load:
+        scoring.mkdir()
+        if store.is_dir():
+            try:
+                snapshot_workspace(store, scoring, TRITON_CACHE_BYTES)
+            except OpenRebenchError:
+                shutil.rmtree(scoring, ignore_errors=True)
+                scoring.mkdir(exist_ok=True)
+        return "loaded"
+    fresh = store.with_name(f"triton.{secrets.token_hex(4)}")
+    try:
+        snapshot_workspace(scoring, fresh, TRITON_CACHE_BYTES)
+    except OpenRebenchError as e:
+        shutil.rmtree(fresh, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+        return f"dropped ({e})"
+    fresh.parent.chmod(0o700)
+    shutil.rmtree(store, ignore_errors=True)
+    try:
+        fresh.rename(store)
+    except OSError:  # another scoring of this run kept its cache first
+        shutil.rmtree(fresh, ignore_errors=True)
+    return "kept"
 
 
 def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "score",

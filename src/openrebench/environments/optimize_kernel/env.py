@@ -45,7 +45,7 @@ class OptimizeKernel(Environment[KernelParams]):
         "full": TierSpec(
             name="full", description="One CUDA GPU, 1e8 elements, as in the paper.",
             device="cuda", hardware="one NVIDIA GPU (H100/H200 class), Triton", time_limit_hours=8,
-            score_timeout_s=900, memory_limit_gb=32,
+            score_timeout_s=900, memory_limit_gb=32, triton_cache=True,
             # Windows of 16 calls with nothing subtracted: the exchange's fixed cost (about a millisecond,
             # which varied by a quarter from scoring to scoring) is shared by 16 calls instead of being
             # measured and subtracted from each, and no measurement the solution could move is used.
