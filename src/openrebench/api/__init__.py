@@ -9,7 +9,7 @@ third-party package) depends on this and on nothing that could change under it.
 
 from openrebench.base import OpenRebenchError, cache_dir
 
-from ._calibration import NormConstants
+from ._calibration import CalibrationRecord, Hardware, NormConstants, Stats, model_key
 from ._environment import (
     LOCAL_MODEL,
     Direction,
@@ -44,8 +44,10 @@ __all__ = [
     "RUN_CGROUP_ENV",
     "SOLUTION_UID_ENV",
     "SOLUTION_USER",
+    "CalibrationRecord",
     "Direction",
     "Environment",
+    "Hardware",
     "HostChannel",
     "ModelAccess",
     "ModelBudget",
@@ -60,12 +62,14 @@ __all__ = [
     "SolutionError",
     "SolutionProcess",
     "StageUpdate",
+    "Stats",
     "TamperGuard",
     "TierSpec",
     "become_solution",
     "cache_dir",
     "describe_duration",
     "file_contents",
+    "model_key",
     "progress_display",
     "reporting",
     "show_progress",

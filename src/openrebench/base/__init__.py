@@ -3,6 +3,12 @@ message, where built assets are cached, and the entry-point group of environment
 
 from ._errors import OpenRebenchError
 from ._paths import cache_dir
-from ._plugins import ENVIRONMENT_ENTRY_POINT_GROUP
+from ._plugins import ENVIRONMENT_ENTRY_POINT_GROUP, check_name, discover
 
-__all__ = ["ENVIRONMENT_ENTRY_POINT_GROUP", "OpenRebenchError", "cache_dir"]
+__all__ = [
+    "ENVIRONMENT_ENTRY_POINT_GROUP",
+    "OpenRebenchError",
+    "cache_dir",
+    "check_name",
+    "discover",
+]

@@ -77,8 +77,7 @@ class Choices:
 
     def __init__(self, human_rows: str = "real", human_hours: str = "7-9", hacks: str = "paper",
                  coverage: str = "all", normalisation: str = "auto", paper_data: Path | None = None) -> None:
-        from openrebench.analysis._analysis import COVERAGES
-        from openrebench.analysis._paper import HACKS, HUMAN_ROWS, parse_hours
+        from openrebench.analysis import COVERAGES, HACKS, HUMAN_ROWS, parse_hours
 
         self.options = {"human_rows": _one_of(human_rows, "--human-rows", HUMAN_ROWS),
                         "hacks": _one_of(hacks, "--hacks", HACKS), "human_hours": parse_hours(human_hours),
@@ -165,7 +164,7 @@ def analyze(
     full: Annotated[bool, typer.Option("--full", help="Also print every run cell and split.")] = False,
 ) -> None:
     """score@k over total time budgets, per environment, against humans and cost, as tables."""
-    from openrebench.analysis._tables import all_tables
+    from openrebench.analysis import all_tables
 
     choices = Choices(human_rows, human_hours, hacks, coverage, normalisation, paper_data)
     with err.status("Analysing…"):
@@ -199,7 +198,7 @@ def report(
     paper_data: PaperDataOpt = None,
 ) -> None:
     """One self-contained HTML page with the figures and tables (open it in any browser)."""
-    from openrebench.analysis._report import write_report
+    from openrebench.analysis import write_report
 
     choices = Choices(human_rows, human_hours, hacks, coverage, normalisation, paper_data)
     with err.status("Analysing and drawing…"):

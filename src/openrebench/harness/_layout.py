@@ -16,8 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrebench.isolation._bwrap import sandbox_path
-from openrebench.isolation._identity import identity_files
+from openrebench.isolation import identity_files, sandbox_path
 
 WORKSPACE = "/workspace"
 HARNESS_DIR = "/run/openrebench"

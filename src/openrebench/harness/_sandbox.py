@@ -42,8 +42,7 @@ from pydantic import BaseModel, field_validator
 
 from openrebench.api import reporting
 from openrebench.gateway import SOCKET_NAME, install_forwarder
-from openrebench.isolation import Cgroup, GpuLease
-from openrebench.isolation._machine import SandboxDied
+from openrebench.isolation import Cgroup, GpuLease, SandboxDied
 from openrebench.runs import Run, ScoreRow, get_environment, score_run, start_run
 
 from ._attempt import AttemptRecord, claimed, continuable, current_epoch

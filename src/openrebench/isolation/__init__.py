@@ -14,10 +14,14 @@ from ._bwrap import (
     forget_plugins,
     plugin_code,
     plugin_folders,
+    sandbox_path,
 )
 from ._cgroup import Cgroup
-from ._gpus import GpuLease, visible_gpus
+from ._gpus import GpuLease, all_gpu_nodes, visible_gpus
+from ._identity import allocate_uid, identities_available, identity_files
 from ._janitor import janitor_pid, process_alive
+from ._machine import Machine, MachineSpec, OutputLimitExceeded, SandboxDied
+from ._namespace import pid_namespace_prefix
 
 __all__ = [
     "SANDBOX_UID",
@@ -25,15 +29,25 @@ __all__ = [
     "Cgroup",
     "GpuLease",
     "Limits",
+    "Machine",
+    "MachineSpec",
+    "OutputLimitExceeded",
     "PluginCode",
+    "SandboxDied",
     "SandboxSpec",
+    "all_gpu_nodes",
+    "allocate_uid",
     "bwrap_binary",
     "bwrap_command",
     "bwrap_usable",
     "forget_plugins",
+    "identities_available",
+    "identity_files",
     "janitor_pid",
+    "pid_namespace_prefix",
     "plugin_code",
     "plugin_folders",
     "process_alive",
+    "sandbox_path",
     "visible_gpus",
 ]

@@ -30,17 +30,49 @@ from ._corpus import SPLITS, Corpus, build_corpus, gcide_root, load_corpus, open
 from ._gcide import first_sense, gcide_entries, plain_entries
 from ._model import GPT, GPTConfig
 from ._pretrained import TrainedModel, build_trained_model
-from ._sources import sources_dir
+from ._sources import pypi_archive, sources_dir
 from ._tokenizer import EOT, gpt2_hf_tokenizer, gpt2_tokenizer, gpt2_tokenizer_dir
 from ._train import TrainConfig, TrainResult, batch_generator, evaluate, get_batch, learning_rate, train
 from ._vocab import compact_corpus
 
 __all__ = [
-    "EOT", "GPT", "SPLITS", "AssetError", "BuildIncomplete", "Checkpoint", "Corpus", "Deadline",
-    "GPTConfig", "Manifest", "TrainConfig", "TrainResult", "TrainedModel", "assets_root",
-    "batch_generator", "build_corpus", "build_trained_model", "cached_build", "compact_corpus",
-    "evaluate", "first_sense", "gcide_entries", "gcide_root", "get_batch", "gpt2_hf_tokenizer",
-    "gpt2_tokenizer", "gpt2_tokenizer_dir", "learning_rate", "load_checkpoint", "load_corpus",
-    "load_manifest", "load_model", "openwebtext_available", "plain_entries", "save_checkpoint",
-    "sources_dir", "train", "verify",
+    "EOT",
+    "GPT",
+    "SPLITS",
+    "AssetError",
+    "BuildIncomplete",
+    "Checkpoint",
+    "Corpus",
+    "Deadline",
+    "GPTConfig",
+    "Manifest",
+    "TrainConfig",
+    "TrainResult",
+    "TrainedModel",
+    "assets_root",
+    "batch_generator",
+    "build_corpus",
+    "build_trained_model",
+    "cached_build",
+    "compact_corpus",
+    "evaluate",
+    "first_sense",
+    "gcide_entries",
+    "gcide_root",
+    "get_batch",
+    "gpt2_hf_tokenizer",
+    "gpt2_tokenizer",
+    "gpt2_tokenizer_dir",
+    "learning_rate",
+    "load_checkpoint",
+    "load_corpus",
+    "load_manifest",
+    "load_model",
+    "openwebtext_available",
+    "plain_entries",
+    "pypi_archive",
+    "save_checkpoint",
+    "sources_dir",
+    "train",
+    "verify",
 ]

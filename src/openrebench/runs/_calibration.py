@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from openrebench.api._calibration import CalibrationRecord, Stats
-from openrebench.api._environment import Environment, NormConstants
+from openrebench.api import CalibrationRecord, Environment, NormConstants, Stats
 from openrebench.base import OpenRebenchError, cache_dir
 
 from ._hardware import Hardware, detect_hardware, model_key

@@ -10,8 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-from openrebench.api._calibration import Hardware, model_key
-from openrebench.api._environment import TierSpec
+from openrebench.api import Hardware, TierSpec, model_key
 
 # The record format (Hardware, model_key) lives with the records in api; detecting this machine is here.
 __all__ = ["Hardware", "detect_hardware", "model_key", "tier_hardware_problem"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from openrebench.api._environment import Direction, Environment, NormConstants
+from openrebench.api import Direction, Environment, NormConstants
 
 from ._score_log import ScoreRow
 

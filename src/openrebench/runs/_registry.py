@@ -12,8 +12,7 @@ import functools
 import re
 
 from openrebench.api import Environment
-from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP, OpenRebenchError
-from openrebench.base._plugins import discover
+from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP, OpenRebenchError, discover
 from openrebench.isolation import forget_plugins
 
 ENTRY_POINT_GROUP = ENVIRONMENT_ENTRY_POINT_GROUP

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from openrebench.api._environment import Environment, NormConstants
+from openrebench.api import Environment, NormConstants
 from openrebench.base import OpenRebenchError
 
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem

@@ -40,7 +40,7 @@ def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
 
 
 def _score(env: Any, config: dict[str, Any]) -> Any:
-    from openrebench.api._environment import ScoreResult
+    from openrebench.api import ScoreResult
 
     from ._scoring import READY_TAG
 
@@ -60,7 +60,7 @@ def main() -> None:
     started = time.time()
     dumpable_off = make_non_dumpable()
     config = json.loads(sys.stdin.read())
-    from openrebench.api._environment import ScoreResult
+    from openrebench.api import ScoreResult
 
     from ._scoring import RESULT_TAG
 

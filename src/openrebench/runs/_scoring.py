@@ -28,20 +28,21 @@ import psutil
 
 from openrebench.api import RUN_CGROUP_ENV, SOLUTION_UID_ENV, SOLUTION_USER, Environment, ScoreResult
 from openrebench.base import OpenRebenchError
-from openrebench.isolation import _janitor
-from openrebench.isolation._bwrap import (
+from openrebench.isolation import (
     Bind,
+    Cgroup,
     Limits,
     SandboxSpec,
+    _janitor,
+    all_gpu_nodes,
+    allocate_uid,
     bwrap_command,
     bwrap_usable,
+    identity_files,
+    pid_namespace_prefix,
     plugin_folders,
     sandbox_path,
 )
-from openrebench.isolation._cgroup import Cgroup
-from openrebench.isolation._gpus import all_gpu_nodes
-from openrebench.isolation._identity import allocate_uid, identity_files
-from openrebench.isolation._namespace import pid_namespace_prefix
 
 from ._calibration import CalibrationRecord, ProgressFn, calibrate
 from ._files import default_cache_dir, install_reference, place, set_up_files

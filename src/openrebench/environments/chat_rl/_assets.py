@@ -194,8 +194,7 @@ def _base(spec: TierSpec[ChatRLParams], cache_dir: Path, data: Any) -> Path:
 
 
 def _examples(spec: TierSpec[ChatRLParams], work: Path, tokenizer: chat_lm.ChatTokenizer) -> list[Any]:
-    from openrebench.lm import sources_dir
-    from openrebench.lm._sources import pypi_archive
+    from openrebench.lm import pypi_archive, sources_dir
 
     from . import data
 

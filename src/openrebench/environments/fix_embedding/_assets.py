@@ -22,16 +22,17 @@ import torch
 from openrebench.api import TierSpec
 from openrebench.lm import (
     Corpus,
+    Deadline,
     GPTConfig,
     TrainConfig,
     assets_root,
     build_corpus,
     build_trained_model,
+    cached_build,
     compact_corpus,
     load_model,
     save_checkpoint,
 )
-from openrebench.lm._assets import Deadline, cached_build
 
 from .params import FixEmbeddingParams
 

@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from openrebench.api import TierSpec, stage
-from openrebench.lm import assets_root, build_corpus, gpt2_tokenizer, gpt2_tokenizer_dir
-from openrebench.lm._assets import Deadline, cached_build
+from openrebench.lm import (
+    Deadline,
+    assets_root,
+    build_corpus,
+    cached_build,
+    gpt2_tokenizer,
+    gpt2_tokenizer_dir,
+)
 
 from .params import FinetuneParams
 

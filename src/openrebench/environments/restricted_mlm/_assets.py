@@ -24,8 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from openrebench.api import TierSpec, stage
-from openrebench.lm import SPLITS, AssetError, build_corpus
-from openrebench.lm._assets import Deadline, Manifest, assets_root, cached_build
+from openrebench.lm import SPLITS, AssetError, Deadline, Manifest, assets_root, build_corpus, cached_build
 
 from .params import RestrictedMLMParams
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from openrebench.api import TierSpec
-from openrebench.lm._assets import Deadline, assets_root, cached_build
+from openrebench.lm import Deadline, assets_root, cached_build
 
 from .params import RustCodecontestsParams
 from .problems import easy_filter, load_codecontests, mini_problems, write_jsonl

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from openrebench.api import Environment, OpenRebenchError, TierSpec, stage
-from openrebench.lm import Corpus, assets_root, build_corpus, compact_corpus
-from openrebench.lm._assets import Deadline, cached_build
+from openrebench.lm import Corpus, Deadline, assets_root, build_corpus, cached_build, compact_corpus
 
 from ._ground_truth import DataKey, GroundTruth, ground_truth_path
 from .experiment import run_experiment

@@ -24,8 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from openrebench.api import TierSpec, stage
-from openrebench.lm import Corpus, assets_root
-from openrebench.lm._assets import Deadline, cached_build
+from openrebench.lm import Corpus, Deadline, assets_root, cached_build
 from openrebench.runs import detect_hardware
 
 from .experiment import Result, run_experiment

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from inspect_ai.agent import Agent
 
 from openrebench.api import Environment
-from openrebench.base import OpenRebenchError
-from openrebench.base._plugins import check_name, discover
+from openrebench.base import OpenRebenchError, check_name, discover
 
 from .._limits import Limits, parse_count
 

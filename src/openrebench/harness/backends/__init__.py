@@ -14,8 +14,7 @@ import logging
 import sys
 import warnings
 
-from openrebench.base import OpenRebenchError
-from openrebench.base._plugins import check_name, discover
+from openrebench.base import OpenRebenchError, check_name, discover
 
 from ._base import Attempt, Backend, Launch, ModelAccess
 

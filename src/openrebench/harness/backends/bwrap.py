@@ -29,11 +29,18 @@ from pathlib import Path
 from inspect_ai.util import ExecResult
 
 from openrebench.base import OpenRebenchError
-from openrebench.isolation import Bind, SandboxSpec, bwrap_usable
+from openrebench.isolation import (
+    Bind,
+    Machine,
+    MachineSpec,
+    OutputLimitExceeded,
+    SandboxSpec,
+    allocate_uid,
+    bwrap_usable,
+    identities_available,
+    sandbox_path,
+)
 from openrebench.isolation import Limits as ProcessLimits
-from openrebench.isolation._bwrap import sandbox_path
-from openrebench.isolation._identity import allocate_uid, identities_available
-from openrebench.isolation._machine import Machine, MachineSpec, OutputLimitExceeded
 from openrebench.runs import get_environment
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
