@@ -83,6 +83,19 @@ def test_calibrate_ship_refuses_a_folder_it_cannot_write_before_measuring(
     assert "cannot be written" in out and measured == []
 
 
+def test_calibrate_ship_refuses_an_installed_copy_before_measuring(
+        tmp_path: Path, measured: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plug-in installed from a wheel: its folder may be writable, but a record written there is lost at
+    the next install and shipped to no one."""
+    installed = tmp_path / "lib" / "python3.11" / "site-packages" / "toy" / "optimize_kernel"
+    installed.mkdir(parents=True)
+    _move_root(monkeypatch, "optimize_kernel", installed)
+    code, out = invoke("calibrate", "optimize_kernel", "--tier", "mini", "--ship")
+    one_line_error(code, out, "error: optimize_kernel's calibration folder")
+    assert "is an installed copy of the package" in out and measured == []
+    assert not (installed / "calibration").exists()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("build", "optimize_kernel"), "error: optimize_kernel ships no built data (it has no build_shipped "
                                    "hook); its calibration records are written by `openrebench calibrate "

@@ -12,7 +12,16 @@ import typer
 
 from openrebench.api import OpenRebenchError, cache_dir, show_progress
 
-from ._common import SHIP_HINT, TierOpt, check_writable, console, err, get_env, user_errors
+from ._common import (
+    SHIP_HINT,
+    TierOpt,
+    check_ship_target,
+    check_writable,
+    console,
+    err,
+    get_env,
+    user_errors,
+)
 
 
 @user_errors
@@ -35,7 +44,7 @@ def build(
         raise OpenRebenchError("give --ship or --out, not both")
     folder = env.root if ship else (out or cache_dir() / "built" / env.id).absolute()
     if ship:
-        check_writable(folder, f"{env.id}'s folder", f"{SHIP_HINT}, or write elsewhere with --out DIR")
+        check_ship_target(folder, f"{env.id}'s folder", f"{SHIP_HINT}, or write elsewhere with --out DIR")
     else:
         check_writable(folder, "the output folder")
     folder.mkdir(parents=True, exist_ok=True)

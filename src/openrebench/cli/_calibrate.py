@@ -16,9 +16,8 @@ from openrebench.base import cache_dir
 from openrebench.runs import calibrate_environment
 
 from ._common import (
-    SHIP_HINT,
     TierOpt,
-    check_writable,
+    check_ship_target,
     console,
     err,
     fmt,
@@ -56,7 +55,7 @@ def calibrate(
     overrides = parse_env_models(env_model or [], [env_id], tier)[env_id]
     shipped = shipped_calibration_dir(env)
     if ship:  # before minutes of scoring, not after
-        check_writable(shipped, f"{env.id}'s calibration folder", SHIP_HINT)
+        check_ship_target(shipped, f"{env.id}'s calibration folder")
     with Progress(console=console) as progress, show_progress(console):
         n_probes = len(env.probes(tier, cache_dir())) if probe_repeats else 0
         task = progress.add_task(f"calibrating {env_id} ({tier})",

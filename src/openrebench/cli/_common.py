@@ -126,6 +126,16 @@ def duration(text: str) -> float:
 SHIP_HINT = "ship from a checkout installed with `pip install -e .`"
 
 
+def check_ship_target(folder: Path, what: str, hint: str = SHIP_HINT) -> None:
+    """`--ship` writes into an environment's source: refuse an installed copy (under site-packages or
+    dist-packages), where the file would be lost at the next install and shipped to no one, then check
+    that the folder can be written."""
+    if {"site-packages", "dist-packages"} & set(folder.absolute().parts):
+        raise OpenRebenchError(f"{what} {folder} is an installed copy of the package, not its source: "
+                               f"--ship writes where the package is built from; {hint}")
+    check_writable(folder, what, hint)
+
+
 def check_writable(folder: Path, what: str, hint: str = "") -> None:
     """Fail before a long measurement, not after it, when `folder` cannot be written, as an installed
     package's folder often cannot (the folder need not exist yet: its nearest existing parent is tried)."""
