@@ -36,9 +36,3 @@ def fmt_hours(hours: float) -> str:
     if hours < 1:
         return f"{hours * 60:.3g} min"
     return f"{hours:g} h"
-
-
-def fmt_allocation(length_h: float, k: int, cut: bool = False) -> str:
-    if cut:
-        return f"first {fmt_hours(length_h)} of each attempt"
-    return f"{k} × {fmt_hours(length_h)}"

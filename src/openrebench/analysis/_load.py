@@ -7,7 +7,7 @@ skip incomplete samples, and then each skipped sample is listed in the warnings.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,8 +382,3 @@ def load_logs(paths: Sequence[Path], *, skip_incomplete: bool = False,
     _environment_facts(data, logged)
     data.notes.extend(pricing.notes())
     return data
-
-
-def describe_sources(sources: Iterable[str]) -> str:
-    items = list(sources)
-    return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -438,7 +438,3 @@ def describe_options(options: dict[str, Any]) -> str:
         w = o["human_hours"]
         flags.append("--human-hours " + ("all" if w is None else f"{w[0]:g}-{w[1]:g}"))
     return " ".join(flags)
-
-
-def counts_line(counts: Iterable[HumanCount]) -> str:
-    return ", ".join(f"{c.env_id} {c.kept}" for c in counts)

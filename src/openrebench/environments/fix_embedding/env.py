@@ -10,7 +10,6 @@ checks the architecture and measures the loss on held-out tokens that only the s
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -138,7 +137,3 @@ def _model_files(model: Path, dest: str) -> list[Placement]:
     """A checkpoint's weights and config (not its optimizer state or manifest)."""
     return [Placement.copy(model / name, f"{dest}/{name}") for name in MODEL_FILES
             if (model / name).is_file()]
-
-
-def loss_of(raw: float) -> float:
-    return math.exp(raw) + 1.5

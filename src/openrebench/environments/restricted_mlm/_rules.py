@@ -57,11 +57,6 @@ ALLOWED_SUMMARY = ("nn.Linear, nn.Embedding, matmul/@/einsum, sum, elementwise +
                    "constants")
 
 
-def op_name(op: torch._ops.OpOverload) -> str:
-    """`aten.exp.default` for torch.ops.aten.exp.default."""
-    return str(op)
-
-
 def op_allowed(op: object) -> bool:
     if not isinstance(op, torch._ops.OpOverload):
         return False

@@ -126,7 +126,3 @@ class RestrictedMLM(Environment[RestrictedMLMParams]):
         from .scorer import score
 
         return score(self.tier(tier), solution, protected)
-
-
-def loss_of(raw: float) -> float:
-    return math.exp(raw) + 1.5
