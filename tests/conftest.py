@@ -39,6 +39,9 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     for name in ("OPENREBENCH_RESUME", "OPENREBENCH_LOGIN_USER"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
+    # Each test has a home of its own: a machine-dependent tier would calibrate itself in every test that
+    # starts a run. tests/test_self_calibration.py turns it on.
+    monkeypatch.setenv("OPENREBENCH_SELF_CALIBRATION", "0")
 
 
 @pytest.fixture

@@ -57,6 +57,9 @@ class Hardware(BaseModel):
     torch: str | None = None
     python: str
     platform: str
+    cpu_flags: str | None = Field(default=None, description=(
+        "A digest of the CPU's instruction-set flags that change code's speed (AVX, AVX-512, FMA, AMX...): "
+        "one model name hides several generations in the cloud."))
 
     def key(self, device: str) -> str:
         """Calibration key: the GPU model for GPU tiers, the CPU model for CPU tiers (without what
@@ -64,6 +67,14 @@ class Hardware(BaseModel):
         if device == "cuda":
             return f"cuda:{model_key(self.gpu_model or 'none')}"
         return f"cpu:{model_key(self.cpu_model)}"
+
+    def fingerprint(self, device: str) -> str:
+        """The machine as a machine-dependent tier's record must match it: the key, with the core count
+        and the CPU's flags (CPU tiers) or the GPU count (GPU tiers). Stable from run to run: no
+        timing enters it."""
+        if device == "cuda":
+            return f"{self.key(device)}|{self.gpu_count} GPU"
+        return f"{self.key(device)}|{self.cpu_count} cores|flags {self.cpu_flags or 'unknown'}"
 
 
 def model_key(name: str) -> str:
@@ -84,6 +95,10 @@ class CalibrationRecord(BaseModel):
     tier: str
     hardware_key: str
     hardware: Hardware
+    # `Hardware.fingerprint` of the machine measured (None in records made before it existed): a tier
+    # whose raw score depends on the machine (`TierSpec.machine_dependent`) calibrates a machine whose
+    # fingerprint no record has.
+    fingerprint: str | None = None
     start: Stats
     reference: Stats
     invalid: dict[str, int] = {}
@@ -99,8 +114,10 @@ class CalibrationRecord(BaseModel):
 
     def summary(self) -> str:
         with_models = "".join(f" with {role}={model}" for role, model in sorted(self.models.items()))
-        return (f"calibration on {self.hardware_key}{with_models}, {self.measured_at:%Y-%m-%d}: medians of "
-                f"{len(self.start.values)} start / {len(self.reference.values)} reference scorings")
+        made_here = self.command.startswith("self-calibration")
+        how = " (made by a run's set-up on this machine)" if made_here else ""
+        return (f"calibration on {self.hardware_key}{with_models}, {self.measured_at:%Y-%m-%d}{how}: medians "
+                f"of {len(self.start.values)} start / {len(self.reference.values)} reference scorings")
 
     def constants(self, origin: str) -> NormConstants:
         """The record's constants, `origin` ("local", "shipped") saying whose record it is."""

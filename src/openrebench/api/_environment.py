@@ -116,6 +116,10 @@ class TierSpec(BaseModel, Generic[P]):
     time_limit_hours: float = Field(description="Default working-time budget for an attempt.")
     score_timeout_s: float = Field(description="Wall-clock limit of one scoring, set-up included.")
     memory_limit_gb: float = Field(description="Resident memory limit of the scoring processes.")
+    machine_dependent: bool = Field(default=False, description=(
+        "The raw score depends on the machine more than its model name says (timings; models trained on "
+        "the machine): a run on a machine whose fingerprint (`Hardware.fingerprint`) no record has first "
+        "calibrates the tier there (`openrebench.runs.calibrate_machine`), before the attempt's clock."))
     triton_cache: bool = Field(default=False, description=(
         "Keep Triton's compile cache across the run's scorings (one per run, out of the agent's sandbox, at "
         "most 256 MB, copied in and out like a snapshot): the solution's kernels compile in its first "

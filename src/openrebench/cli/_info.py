@@ -27,7 +27,7 @@ def list_() -> None:
 @user_errors
 def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None:
     """Show an environment's tiers, normalisation constants and model roles."""
-    from openrebench.runs import constants_for
+    from openrebench.runs import constants_for, detect_hardware, find_machine_record
 
     env = get_env(env_id)
     console.print(f"[bold]{env.id}[/] — {env.title}  (RE-Bench: {env.rebench_id}, version {env.version})")
@@ -41,6 +41,13 @@ def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None
         table.add_row("params", ", ".join(f"{k}={v}" for k, v in spec.params.model_dump().items()))
         c = constants_for(env, spec.name)
         table.add_row("constants here", f"start {c.start:.4f}, reference {c.reference:.4f} ({c.source})")
+        if spec.machine_dependent:
+            fingerprint = detect_hardware().fingerprint(spec.device)
+            mine = find_machine_record(env, spec.name, fingerprint)
+            table.add_row("this machine", f"{fingerprint}: " + (
+                f"calibrated ({mine[1]} record)" if mine else
+                "not calibrated yet; the first run set up here calibrates it (the start and the reference, "
+                "3 scorings each), once"))
         if spec.paper_constants:
             p = spec.paper_constants
             table.add_row("paper", f"start {p.start:.4f}, reference {p.reference:.4f} ({p.source})")

@@ -7,6 +7,7 @@ with the choice written down in the constants' `source`.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -75,14 +76,36 @@ def find_record(env: Environment, tier: str, hardware_key: str, models: Mapping[
     return None
 
 
+def find_machine_record(env: Environment, tier: str, fingerprint: str,
+                        models: Mapping[str, str] | None = None) -> tuple[CalibrationRecord, str] | None:
+    """A record of this very machine (`Hardware.fingerprint`) for the tier and its models: the user's
+    own (a self-calibration's, or `openrebench calibrate`'s), else a shipped one."""
+    want_models = tier_models(env, tier, models)
+    folders = (("local", user_calibration_dir(env.id)), ("shipped", shipped_calibration_dir(env)))
+    for origin, folder in folders:
+        for path in sorted(folder.glob(f"{tier}--*.json")):
+            try:
+                record = CalibrationRecord.model_validate_json(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if (record.tier == tier and record.fingerprint == fingerprint and record.models == want_models
+                    and record.env_version.split(".")[0] == env.version.split(".")[0]):
+                return record, origin
+    return None
+
+
 def constants_for(env: Environment, tier: str, hardware: Hardware | None = None,
                   models: Mapping[str, str] | None = None) -> NormConstants:
-    """A run's constants: the record of this hardware and the run's models (the user's, then a shipped
+    """A run's constants: the record of this machine (for a machine-dependent tier: one of its very
+    fingerprint first), else of this hardware model and the run's models (the user's, then a shipped
     one), else the tier's default, which the tier reads from its own shipped record (measured on its
     reference hardware with its default models)."""
     spec = env.tier(tier)
-    key = (hardware or detect_hardware()).key(spec.device)
-    found = find_record(env, tier, key, models)
+    hardware = hardware or detect_hardware()
+    key = hardware.key(spec.device)
+    found = find_machine_record(env, tier, hardware.fingerprint(spec.device), models) \
+        if spec.machine_dependent else None
+    found = found or find_record(env, tier, key, models)
     if found:
         return found[0].constants(found[1])
     default = spec.default_constants
@@ -141,9 +164,11 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
         if got:
             probed[name] = Stats.of(got)
     hardware = detect_hardware()
+    device = env.tier(tier).device
     return CalibrationRecord(
-        env_id=env.id, env_version=env.version, tier=tier, hardware_key=hardware.key(env.tier(tier).device),
-        hardware=hardware, start=Stats.of(values["start"]), reference=Stats.of(values["reference"]),
+        env_id=env.id, env_version=env.version, tier=tier, hardware_key=hardware.key(device),
+        hardware=hardware, fingerprint=hardware.fingerprint(device), start=Stats.of(values["start"]),
+        reference=Stats.of(values["reference"]),
         probes=probed, invalid={k: v for k, v in invalid.items() if v}, models=tier_models(env, tier, models),
         measured_at=datetime.now(UTC), command=command,
         package_version=__version__,
@@ -151,7 +176,10 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
 
 
 def save_record(record: CalibrationRecord, folder: Path) -> Path:
+    """Write the record (whole or not at all: a reader never sees half of one)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / record_filename(record.tier, record.hardware_key, record.models)
-    path.write_text(record.model_dump_json(indent=2) + "\n")
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(record.model_dump_json(indent=2) + "\n")
+    part.replace(path)
     return path

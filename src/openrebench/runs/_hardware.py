@@ -39,6 +39,25 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+SPEED_FLAGS = re.compile(r"^(sse4_[12]|avx\w*|fma\w*|f16c|bmi[12]|amx\w*|sha_ni|vaes|vpclmulqdq|gfni|"
+                         r"asimd\w*|sve\w*|neon)$")
+
+
+def _cpu_flags() -> str | None:
+    """A short digest of the CPU flags that change how fast code runs (the first processor's)."""
+    import hashlib
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = sorted(x for x in line.split(":", 1)[1].split() if SPEED_FLAGS.match(x))
+                    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:10]
+    except OSError:
+        pass
+    return None
+
+
 def _gpu_driver() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -69,4 +88,5 @@ def detect_hardware() -> Hardware:
         torch=torch.__version__,
         python=sys.version.split()[0],
         platform=platform.platform(),
+        cpu_flags=_cpu_flags(),
     )

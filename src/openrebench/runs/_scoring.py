@@ -26,7 +26,14 @@ from typing import Any, Literal, Protocol
 
 import psutil
 
-from openrebench.api import RUN_CGROUP_ENV, SOLUTION_UID_ENV, SOLUTION_USER, Environment, ScoreResult
+from openrebench.api import (
+    RUN_CGROUP_ENV,
+    SOLUTION_UID_ENV,
+    SOLUTION_USER,
+    Environment,
+    ScoreResult,
+    stage,
+)
 from openrebench.base import OpenRebenchError
 from openrebench.isolation import (
     Bind,
@@ -44,8 +51,17 @@ from openrebench.isolation import (
     sandbox_path,
 )
 
-from ._calibration import CalibrationRecord, ProgressFn, calibrate
+from ._calibration import (
+    CalibrationRecord,
+    ProgressFn,
+    calibrate,
+    find_machine_record,
+    save_record,
+    shipped_calibration_dir,
+    user_calibration_dir,
+)
 from ._files import default_cache_dir, install_reference, place, set_up_files
+from ._hardware import detect_hardware
 from ._normalise import normalise, paper_constants, paper_matched
 from ._registry import get_environment
 from ._run import Run, check_new_run_dir
@@ -713,6 +729,8 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
     partial = Path(tempfile.mkdtemp(prefix=f".{path.name}.setting-up-", dir=path.parent))
     partial.chmod(0o755)  # as a plain mkdir would make it; mkdtemp's 0700 would hide the workspace
     try:
+        if score_start:  # an attempt or a person will work on it: the constants must be this machine's
+            calibrate_machine(env, tier, models=models, access=access)
         run = Run.create(env, tier, partial, seed=seed, models=models)
         set_up_files(run, env, cache_dir(), access=access)
         _record_protected(run)
@@ -757,3 +775,61 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
 
         return calibrate(env, tier, repeats, score_once=score_once, command=command, on_progress=on_progress,
                          models=models, probes=list(probes), probe_repeats=probe_repeats)
+
+
+SELF_CALIBRATION_ENV = "OPENREBENCH_SELF_CALIBRATION"  # "0": never (the test suite, where a test asks)
+SELF_CALIBRATION_REPEATS = 3
+SELF_CALIBRATION_TRIES = 2
+MIN_NOISE = 0.05  # the least spread (sd of raw scores) a self-calibration may show and be kept
+
+
+def _noise_bound(env: Environment, tier: str) -> float:
+    """The spread a self-calibration may show: twice the largest of the tier's shipped records (their
+    start's or reference's sd), at least MIN_NOISE. A busy neighbour spreads the scorings beyond it."""
+    sds = [MIN_NOISE / 2]
+    for path in shipped_calibration_dir(env).glob(f"{tier}--*.json"):
+        try:
+            record = CalibrationRecord.model_validate_json(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.tier == tier:
+            sds += [record.start.sd, record.reference.sd]
+    return 2 * max(sds)
+
+
+def calibrate_machine(env: Environment | str, tier: str, *, models: Mapping[str, str] | None = None,
+                      access: ScoringAccessFn | None = None) -> CalibrationRecord | None:
+    """Calibrate a machine-dependent tier (`TierSpec.machine_dependent`) on this machine where no record
+    has its fingerprint: the shipped start and reference, SELF_CALIBRATION_REPEATS scorings each, in
+    throw-away runs; kept in the user's calibration folder, so it happens once per machine. Under a lock
+    per environment, so two processes calibrate once between them. A record whose spread shows
+    interference (beyond `_noise_bound`) is measured again, and never kept: the run then takes the
+    constants it would have had. Returns the record made (None: none was needed or kept)."""
+    env = get_environment(env)
+    spec = env.tier(tier)
+    if not spec.machine_dependent or os.environ.get(SELF_CALIBRATION_ENV) == "0":
+        return None
+    fingerprint = detect_hardware().fingerprint(spec.device)
+    if find_machine_record(env, tier, fingerprint, models):
+        return None
+    import fcntl
+
+    folder = user_calibration_dir(env.id)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process calibrating this environment: its record counts
+        if find_machine_record(env, tier, fingerprint, models):
+            return None
+        bound = _noise_bound(env, tier)
+        n = SELF_CALIBRATION_REPEATS
+        for attempt in range(1, SELF_CALIBRATION_TRIES + 1):
+            again = f", try {attempt}" if attempt > 1 else ""  # the last was disturbed
+            what = f"calibrating {env.id} {tier} for this machine (once{again})"
+            with stage(what, total=2 * n) as progress:
+                record = calibrate_environment(env, tier, n, access=access, models=models, probe_repeats=0,
+                                               command=f"self-calibration at set-up ({n} scorings each)",
+                                               on_progress=lambda *_: progress.advance())
+            if max(record.start.sd, record.reference.sd) <= bound:
+                save_record(record, folder)
+                return record
+        return None

@@ -1,0 +1,113 @@
+"""A machine-dependent tier calibrates itself on a machine whose fingerprint no record has: once, before
+a run's clock, under a lock, and never from scorings disturbed by a busy neighbour. The scorings are
+faked here (fixed raw scores, counted); `start_run` then takes the record's constants."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openrebench.runs import (
+    CalibrationRecord,
+    calibrate,
+    calibrate_machine,
+    constants_for,
+    detect_hardware,
+    find_machine_record,
+    get_environment,
+    start_run,
+)
+from openrebench.runs import _scoring as scoring
+
+ENV, TIER = "optimize_kernel", "mini"
+
+
+@pytest.fixture
+def unknown_machine(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This machine with CPU flags no record has, self-calibration on, and scorings that return fixed
+    raw scores: `noisy` says how many calibrations (from the first) spread like a disturbed machine."""
+    monkeypatch.setenv(scoring.SELF_CALIBRATION_ENV, "1")
+    hardware = detect_hardware().model_copy(update={"cpu_flags": "never-seen"})
+    monkeypatch.setattr(scoring, "detect_hardware", lambda: hardware)
+    monkeypatch.setattr("openrebench.runs._calibration.detect_hardware", lambda: hardware)
+    state = {"calibrations": 0, "scorings": 0, "noisy": 0}
+
+    def fake(env: Any, tier: str, repeats: int, *, command: str, on_progress: Any = None, access: Any = None,
+             models: Any = None, probe_repeats: int = 1) -> CalibrationRecord:
+        state["calibrations"] += 1
+        disturbed = state["calibrations"] <= state["noisy"]
+        values = iter([1.0, 3.0, 2.0] * 4)  # a spread far beyond any shipped record's
+
+        def once(which: str) -> tuple[float, str]:
+            state["scorings"] += 1
+            base = {"start": 4.5, "reference": 2.0}[which]
+            return (base + next(values) if disturbed else base + 0.01 * state["scorings"]), "fixed"
+
+        return calibrate(get_environment(env), tier, repeats, score_once=once, command=command,
+                         on_progress=on_progress, models=models)
+
+    monkeypatch.setattr(scoring, "calibrate_environment", fake)
+    state["fingerprint"] = hardware.fingerprint("cpu")
+    return state
+
+
+def test_an_unknown_machine_is_calibrated_once_and_its_record_used(unknown_machine: Any) -> None:
+    env = get_environment(ENV)
+    assert find_machine_record(env, TIER, unknown_machine["fingerprint"]) is None
+    record = calibrate_machine(ENV, TIER)
+    assert record is not None and record.fingerprint == unknown_machine["fingerprint"]
+    assert unknown_machine["scorings"] == 2 * scoring.SELF_CALIBRATION_REPEATS
+    found = find_machine_record(env, TIER, unknown_machine["fingerprint"])
+    assert found is not None and found[1] == "local"
+    assert calibrate_machine(ENV, TIER) is None and unknown_machine["calibrations"] == 1  # once per machine
+    constants = constants_for(env, TIER)
+    assert (constants.start, constants.reference) == (record.start.median, record.reference.median)
+    assert "made by a run's set-up on this machine" in constants.source
+
+
+def test_a_run_set_up_for_work_takes_this_machines_constants(unknown_machine: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(scoring, "score_run", lambda run, **kw: seen.append(kw.get("kind", "")))
+    run, _ = start_run(ENV, TIER, tmp_path / "run")  # with its set-up scoring: a clock will follow
+    assert unknown_machine["calibrations"] == 1 and seen == ["setup"]
+    assert "made by a run's set-up on this machine" in run.info.constants.source
+    start_run(ENV, TIER, tmp_path / "other", score_start=False)  # calibration's and tests' own runs: none
+    assert unknown_machine["calibrations"] == 1
+
+
+def test_a_disturbed_calibration_is_measured_again_and_never_kept(unknown_machine: Any) -> None:
+    unknown_machine["noisy"] = 1
+    record = calibrate_machine(ENV, TIER)
+    assert record is not None and unknown_machine["calibrations"] == 2  # the disturbed one was retried
+    assert max(record.start.sd, record.reference.sd) <= scoring._noise_bound(get_environment(ENV), TIER)
+
+
+def test_a_machine_disturbed_throughout_keeps_no_record(unknown_machine: Any) -> None:
+    unknown_machine["noisy"] = 99
+    assert calibrate_machine(ENV, TIER) is None
+    assert unknown_machine["calibrations"] == scoring.SELF_CALIBRATION_TRIES
+    assert find_machine_record(get_environment(ENV), TIER, unknown_machine["fingerprint"]) is None
+    assert "made by a run's set-up" not in constants_for(get_environment(ENV), TIER).source
+
+
+def test_two_processes_at_once_calibrate_once(unknown_machine: Any) -> None:
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(calibrate_machine(ENV, TIER)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert unknown_machine["calibrations"] == 1 and sum(r is not None for r in results) == 1
+
+
+def test_the_fingerprint_is_stable_and_names_the_cores_and_flags() -> None:
+    hardware = detect_hardware()
+    assert hardware.fingerprint("cpu") == detect_hardware.__wrapped__().fingerprint("cpu")
+    assert f"|{hardware.cpu_count} cores|flags " in hardware.fingerprint("cpu")
+    other = hardware.model_copy(update={"cpu_flags": "x"})
+    assert other.key("cpu") == hardware.key("cpu") and other.fingerprint("cpu") != hardware.fingerprint("cpu")
