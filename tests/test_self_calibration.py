@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from openrebench.runs import (
     CalibrationRecord,
+    Run,
     calibrate,
     calibrate_machine,
     constants_for,
@@ -31,9 +33,9 @@ def unknown_machine(monkeypatch: pytest.MonkeyPatch) -> Any:
     raw scores: `noisy` says how many calibrations (from the first) spread like a disturbed machine."""
     monkeypatch.setenv(scoring.SELF_CALIBRATION_ENV, "1")
     hardware = detect_hardware().model_copy(update={"cpu_flags": "never-seen"})
-    monkeypatch.setattr(scoring, "detect_hardware", lambda: hardware)
-    monkeypatch.setattr("openrebench.runs._calibration.detect_hardware", lambda: hardware)
-    state = {"calibrations": 0, "scorings": 0, "noisy": 0}
+    for module in ("_scoring", "_calibration", "_run"):
+        monkeypatch.setattr(f"openrebench.runs.{module}.detect_hardware", lambda: hardware)
+    state: dict[str, Any] = {"calibrations": 0, "scorings": 0, "noisy": 0, "start": 4.5}
 
     def fake(env: Any, tier: str, repeats: int, *, command: str, on_progress: Any = None, access: Any = None,
              models: Any = None, probe_repeats: int = 1) -> CalibrationRecord:
@@ -43,7 +45,7 @@ def unknown_machine(monkeypatch: pytest.MonkeyPatch) -> Any:
 
         def once(which: str) -> tuple[float, str]:
             state["scorings"] += 1
-            base = {"start": 4.5, "reference": 2.0}[which]
+            base = {"start": state["start"], "reference": 2.0}[which]
             return (base + next(values) if disturbed else base + 0.01 * state["scorings"]), "fixed"
 
         return calibrate(get_environment(env), tier, repeats, score_once=once, command=command,
@@ -77,6 +79,31 @@ def test_a_run_set_up_for_work_takes_this_machines_constants(unknown_machine: An
     assert "made by a run's set-up on this machine" in run.info.constants.source
     start_run(ENV, TIER, tmp_path / "other", score_start=False)  # calibration's and tests' own runs: none
     assert unknown_machine["calibrations"] == 1
+
+
+def test_a_start_that_drifts_from_this_machines_record_makes_a_new_one_before_the_clock(
+        unknown_machine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine behind the fingerprint now runs the start far faster than its record says (as a cloud
+    machine of another generation under the same name did): the set-up scoring shows it, the machine is
+    calibrated again, and the run and its set-up row take the new constants."""
+    old = calibrate_machine(ENV, TIER)
+    assert old is not None and old.start.median > 4.5
+    unknown_machine["start"] = 3.0  # from now on
+    rows: list[SimpleNamespace] = []
+
+    def setup_scoring(run: Any, **kw: Any) -> SimpleNamespace:
+        rows.append(SimpleNamespace(raw=3.0, kind=kw.get("kind"), constants=run.info.constants))
+        return rows[-1]
+
+    monkeypatch.setattr(scoring, "score_run", setup_scoring)
+    run, row = start_run(ENV, TIER, tmp_path / "run")
+    assert unknown_machine["calibrations"] == 2
+    assert [r.kind for r in rows] == ["setup", "setup"] and row is rows[-1]
+    assert rows[0].constants.start == old.start.median  # the row that showed the drift
+    assert 3.0 <= run.info.constants.start < 3.1 and rows[1].constants == run.info.constants
+    assert Run.open(run.path).info.constants == run.info.constants  # written with the clock's start
+    run2, _ = start_run(ENV, TIER, tmp_path / "again")  # no drift now: no calibration
+    assert unknown_machine["calibrations"] == 2 and run2.info.constants.start == run.info.constants.start
 
 
 def test_a_disturbed_calibration_is_measured_again_and_never_kept(unknown_machine: Any) -> None:

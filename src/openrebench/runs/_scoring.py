@@ -55,6 +55,7 @@ from ._calibration import (
     CalibrationRecord,
     ProgressFn,
     calibrate,
+    constants_for,
     find_machine_record,
     save_record,
     shipped_calibration_dir,
@@ -744,6 +745,12 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
     run = Run(path, run.info)
     row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices,
                     access=access) if score_start else None
+    if row is not None and _drifted(env, tier, row.raw, models) and calibrate_machine(
+            env, tier, models=models, access=access, replace=True):
+        # This machine no longer scores the start as its record says: measured again, and the start scored
+        # again with the new record's constants (the first set-up row stays, with the constants it had).
+        run.info.constants = constants_for(env, tier, models=models)
+        row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices, access=access)
     run.mark_started()
     return run, row
 
@@ -797,20 +804,41 @@ def _noise_bound(env: Environment, tier: str) -> float:
     return 2 * max(sds)
 
 
+def _self_calibrating(spec: Any) -> bool:
+    return bool(spec.machine_dependent) and os.environ.get(SELF_CALIBRATION_ENV) != "0"
+
+
+def _drifted(env: Environment, tier: str, raw: float | None, models: Mapping[str, str] | None) -> bool:
+    """Whether a set-up scoring of the start (`raw`) falls outside this machine's record: further from its
+    median than three of its standard deviations (at least 2 x MIN_NOISE). A machine whose record was
+    made on other hardware behind the same fingerprint, or under another load, shows it here."""
+    spec = env.tier(tier)
+    if raw is None or not _self_calibrating(spec):
+        return False
+    found = find_machine_record(env, tier, detect_hardware().fingerprint(spec.device), models)
+    if found is None:
+        return False
+    start = found[0].start
+    return abs(raw - start.median) > max(3 * start.sd, 2 * MIN_NOISE)
+
+
 def calibrate_machine(env: Environment | str, tier: str, *, models: Mapping[str, str] | None = None,
-                      access: ScoringAccessFn | None = None) -> CalibrationRecord | None:
+                      access: ScoringAccessFn | None = None, replace: bool = False
+                      ) -> CalibrationRecord | None:
     """Calibrate a machine-dependent tier (`TierSpec.machine_dependent`) on this machine where no record
-    has its fingerprint: the shipped start and reference, SELF_CALIBRATION_REPEATS scorings each, in
-    throw-away runs; kept in the user's calibration folder, so it happens once per machine. Under a lock
-    per environment, so two processes calibrate once between them. A record whose spread shows
-    interference (beyond `_noise_bound`) is measured again, and never kept: the run then takes the
-    constants it would have had. Returns the record made (None: none was needed or kept)."""
+    has its fingerprint (or, with `replace`, where its record no longer fits: see `_drifted`): the
+    shipped start and reference, SELF_CALIBRATION_REPEATS scorings each, in throw-away runs; kept in the
+    user's calibration folder, so it happens once per machine. Under a lock per environment, so two
+    processes calibrate once between them. A record whose spread shows interference (beyond
+    `_noise_bound`) is measured again, and never kept: the run then takes the constants it would have
+    had. Returns the record made (None: none was needed or kept)."""
     env = get_environment(env)
     spec = env.tier(tier)
-    if not spec.machine_dependent or os.environ.get(SELF_CALIBRATION_ENV) == "0":
+    if not _self_calibrating(spec):
         return None
     fingerprint = detect_hardware().fingerprint(spec.device)
-    if find_machine_record(env, tier, fingerprint, models):
+    seen = find_machine_record(env, tier, fingerprint, models)
+    if seen and not replace:
         return None
     import fcntl
 
@@ -818,7 +846,8 @@ def calibrate_machine(env: Environment | str, tier: str, *, models: Mapping[str,
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process calibrating this environment: its record counts
-        if find_machine_record(env, tier, fingerprint, models):
+        now = find_machine_record(env, tier, fingerprint, models)
+        if now and (not replace or (seen and now[0].measured_at > seen[0].measured_at)):
             return None
         bound = _noise_bound(env, tier)
         n = SELF_CALIBRATION_REPEATS
