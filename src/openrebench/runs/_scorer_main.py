@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import time
 import traceback
@@ -93,3 +94,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The result line is out: skip the interpreter's teardown (a CUDA context's alone took 0.6 s of every
+    # GPU scoring on an H100); the harness ends whatever is left of the process's tree.
+    sys.stderr.flush()
+    os._exit(0)
