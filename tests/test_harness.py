@@ -67,6 +67,9 @@ def test_oracle_through_openrebench_eval(tmp_path: Path, monkeypatch: pytest.Mon
     text = " ".join(result.output.split())
     assert re.search(r"agent done │ \d+ s │", text), text  # the task's own time, set-up and scorings included
     assert re.search(r"Total: 1 task in \d+ s \(set-ups, attempts and scorings", text), text
+    # where the normalisation's constants come from (this machine's record, another's, or the default)
+    assert re.search(r"optimize_kernel normalised with: (local|shipped) calibration on cpu:|optimize_kernel "
+                     r"normalised with: .*no calibration for cpu:", text), text
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     (info,) = list_eval_logs(str(tmp_path / "logs" / "demo"))

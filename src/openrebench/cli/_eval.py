@@ -406,10 +406,14 @@ def eval_(
                          no_wrap=whole, min_width=max(map(len, ids)) if whole else None,
                          overflow="fold" if col == "run" else "ellipsis")
     unisolated = 0
+    sources: dict[str, set[str]] = {}  # each environment's normalisation constants, where they come from
     for log in logs:
         for sample in log.samples or []:
             for score in (sample.scores or {}).values():
                 meta = score.metadata or {}
+                constants = (meta.get("fingerprint") or {}).get("constants") or {}
+                if constants.get("source"):
+                    sources.setdefault(log.eval.task, set()).add(str(constants["source"]))
                 value = f"{float(score.value):.3f}"
                 if meta.get("isolated") is False:  # a measurement of nothing: said where it is read
                     value, unisolated = f"{value} UNISOLATED", unisolated + 1
@@ -420,6 +424,8 @@ def eval_(
                               _task_time(log), str(meta.get("run_dir", "")))
     if table.rows:
         console.print(table)
+    for task, said in sorted(sources.items()):  # a self-calibrated machine or a default says so here
+        console.print(f"{task} normalised with: {'; '.join(sorted(said))}", highlight=False, soft_wrap=True)
     took, count = _minutes(time.monotonic() - began), f"{len(tasks)} task{'s' * (len(tasks) != 1)}"
     console.print(f"Total: {count} in {took} (set-ups, attempts and scorings; each task's own in the time "
                   "column)", highlight=False)
