@@ -98,7 +98,8 @@ def test_no_file_readable_in_the_agents_sandbox_holds_secrets(tmp_path: Path) ->
                          ("environments/rust_codecontests/heldout/families.py", "lines"),
                          ("environments/scaling_law/reference/constants.json", "numbers")):
         assert any(m in (PACKAGE / secret).read_text() for m in markers[kind]), secret
-    assert all(m in " ".join((REPO / "README.md").read_text().split()) for m in DESCRIPTIONS)
+    docs = " ".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    assert all(m in " ".join(docs.split()) for m in DESCRIPTIONS)
 
     run = start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)[0]
     (run.workspace / "markers.json").write_text(json.dumps(markers))
