@@ -62,7 +62,7 @@ def test_malformed_run_file_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_mini_path_start_reference_score_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's commands as written, with their relative run directory."""
+    """The commands of docs/runs.md as written, with their relative run directory."""
     monkeypatch.chdir(tmp_path)
     run_dir = Path("runs/k1")
     code, out = invoke("start", "optimize_kernel", "--tier", "mini", str(run_dir))
@@ -140,7 +140,7 @@ def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
 
 
 def test_scoring_from_inside_the_workspace_imports_nothing_of_the_agent(kernel_run: Run) -> None:
-    """`cd runs/k1/workspace && openrebench score` (as the README writes it): modules the agent left in
+    """`cd runs/k1/workspace && openrebench score` (as docs/runs.md writes it): modules the agent left in
     its workspace, named like the harness's own imports, must not run in the harness process."""
     import shutil
     import subprocess

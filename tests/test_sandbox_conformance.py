@@ -2,7 +2,7 @@
 
 The checks are Inspect's own (`inspect_ai.util._sandbox.self_check`), pulled in unchanged; this module
 only provides the `sandbox_env` fixture they ask for and marks the exceptions a backend documents
-(README, "Sandboxes"), each with its reason. An exception is a check that cannot hold by design, and
+(docs/evaluating.md, "Sandboxes"), each with its reason. An exception is a check that cannot hold by design, and
 then the call fails loudly (SandboxUserUnsupportedError), never silently.
 """
 
@@ -20,7 +20,7 @@ from openrebench.runs import Run, start_run
 
 pytestmark = pytest.mark.anyio
 
-# Checks that cannot hold, by backend, with why (also in the README).
+# Checks that cannot hold, by backend, with why (also in docs/evaluating.md).
 EXCEPTIONS = {
     "bwrap": {
         "test_exec_as_user": "one user per attempt: no root and no other users to switch to (the call raises "

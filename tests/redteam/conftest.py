@@ -1,7 +1,7 @@
 """The adversarial suite: each test is one attack on the scoring, asserting the defended behaviour.
 
 Every test carries `@pytest.mark.attack(env=..., cls=..., invariant=N)`: the environment, the attack's
-kind, and the invariant of the threat model (README, "Threat model") it tries to break (`INVARIANTS`).
+kind, and the invariant of the threat model (docs/threat-model.md) it tries to break (`INVARIANTS`).
 An attack whose defence can be switched off in-process also names it (`defence="..."`, see defences.py);
 `pytest tests/redteam --defences-off NAME` switches that one defence off for the whole session and runs
 only its attacks, which must then work (their assertions fail). The first line of a test's docstring

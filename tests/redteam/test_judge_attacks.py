@@ -5,7 +5,7 @@ the gateway, as the scorer asks it): every policy below answers without reading 
 it only to copy it, and each must lose (win rate below one half) against poor answers with one word that
 fits their questions. This holds; it is not enough: against the mini tier's real base and SFT answers the
 same policies, taught to the base model, win (`openrebench calibrate chat_rl` scores them as probes and
-warns; README, threat model), so the invariant is not met on that tier yet.
+warns; docs/threat-model.md), so the invariant is not met on that tier yet.
 
 The full tier's prompted judge, against a stand-in that obeys any verdict it reads in its prompt: answers
 that write one (a faked assistant turn in any chat template, a label, every label, a section of their
