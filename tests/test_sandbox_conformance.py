@@ -2,8 +2,8 @@
 
 The checks are Inspect's own (`inspect_ai.util._sandbox.self_check`), pulled in unchanged; this module
 only provides the `sandbox_env` fixture they ask for and marks the exceptions a backend documents
-(docs/evaluating.md, "Sandboxes"), each with its reason. An exception is a check that cannot hold by design, and
-then the call fails loudly (SandboxUserUnsupportedError), never silently.
+(docs/evaluating.md, "Sandboxes"), each with its reason. An exception is a check that cannot hold by
+design, and then the call fails loudly (SandboxUserUnsupportedError), never silently.
 """
 
 from __future__ import annotations
