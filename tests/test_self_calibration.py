@@ -23,6 +23,7 @@ from openrebench.runs import (
     start_run,
 )
 from openrebench.runs import _scoring as scoring
+from openrebench.runs import _self_calibration as selfcal
 
 ENV, TIER = "optimize_kernel", "mini"
 
@@ -31,9 +32,9 @@ ENV, TIER = "optimize_kernel", "mini"
 def unknown_machine(monkeypatch: pytest.MonkeyPatch) -> Any:
     """This machine with CPU flags no record has, self-calibration on, and scorings that return fixed
     raw scores: `noisy` says how many calibrations (from the first) spread like a disturbed machine."""
-    monkeypatch.setenv(scoring.SELF_CALIBRATION_ENV, "1")
+    monkeypatch.setenv(selfcal.SELF_CALIBRATION_ENV, "1")
     hardware = detect_hardware().model_copy(update={"cpu_flags": "never-seen"})
-    for module in ("_scoring", "_calibration", "_run"):
+    for module in ("_self_calibration", "_calibration", "_run"):
         monkeypatch.setattr(f"openrebench.runs.{module}.detect_hardware", lambda: hardware)
     state: dict[str, Any] = {"calibrations": 0, "scorings": 0, "noisy": 0, "start": 4.5}
 
@@ -51,7 +52,7 @@ def unknown_machine(monkeypatch: pytest.MonkeyPatch) -> Any:
         return calibrate(get_environment(env), tier, repeats, score_once=once, command=command,
                          on_progress=on_progress, models=models)
 
-    monkeypatch.setattr(scoring, "calibrate_environment", fake)
+    monkeypatch.setattr(selfcal, "calibrate_environment", fake)
     state["fingerprint"] = hardware.fingerprint("cpu")
     return state
 
@@ -61,7 +62,7 @@ def test_an_unknown_machine_is_calibrated_once_and_its_record_used(unknown_machi
     assert find_machine_record(env, TIER, unknown_machine["fingerprint"]) is None
     record = calibrate_machine(ENV, TIER)
     assert record is not None and record.fingerprint == unknown_machine["fingerprint"]
-    assert unknown_machine["scorings"] == 2 * scoring.SELF_CALIBRATION_REPEATS
+    assert unknown_machine["scorings"] == 2 * selfcal.SELF_CALIBRATION_REPEATS
     found = find_machine_record(env, TIER, unknown_machine["fingerprint"])
     assert found is not None and found[1] == "local"
     assert calibrate_machine(ENV, TIER) is None and unknown_machine["calibrations"] == 1  # once per machine
@@ -110,13 +111,13 @@ def test_a_disturbed_calibration_is_measured_again_and_never_kept(unknown_machin
     unknown_machine["noisy"] = 1
     record = calibrate_machine(ENV, TIER)
     assert record is not None and unknown_machine["calibrations"] == 2  # the disturbed one was retried
-    assert max(record.start.sd, record.reference.sd) <= scoring._noise_bound(get_environment(ENV), TIER)
+    assert max(record.start.sd, record.reference.sd) <= selfcal._noise_bound(get_environment(ENV), TIER)
 
 
 def test_a_machine_disturbed_throughout_keeps_no_record(unknown_machine: Any) -> None:
     unknown_machine["noisy"] = 99
     assert calibrate_machine(ENV, TIER) is None
-    assert unknown_machine["calibrations"] == scoring.SELF_CALIBRATION_TRIES
+    assert unknown_machine["calibrations"] == selfcal.SELF_CALIBRATION_TRIES
     assert find_machine_record(get_environment(ENV), TIER, unknown_machine["fingerprint"]) is None
     assert "made by a run's set-up" not in constants_for(get_environment(ENV), TIER).source
 

@@ -24,12 +24,12 @@ from ._scoring import (
     ScoringAccess,
     ScoringAccessFn,
     calibrate_environment,
-    calibrate_machine,
     run_scorer,
     score_run,
     snapshot_workspace,
     start_run,
 )
+from ._self_calibration import calibrate_machine
 
 __all__ = [
     "ENTRY_POINT_GROUP",
