@@ -146,7 +146,7 @@ class ChatJudge:
 
     async def create(self, *, model: str, messages: list[dict[str, str]], max_tokens: int,
                      temperature: float, logprobs: bool, top_logprobs: int) -> Any:
-        assert model == "judge" and max_tokens == 1 and logprobs and top_logprobs == evaluation.TOP_LOGPROBS
+        assert model == "judge" and max_tokens == 4 and logprobs and top_logprobs == evaluation.TOP_LOGPROBS
         prompt = messages[0]["content"]
         self.seen.append(prompt)
         lp = self.margins(prompt) if self.margins else None

@@ -256,7 +256,7 @@ async def _prompted(
                     lambda: client.chat.completions.create(
                         model=ROLE,
                         messages=[{"role": "user", "content": text}],
-                        max_tokens=1,
+                        max_tokens=4,  # the verdict is the first token's; the text reads "**K**" too
                         temperature=0,
                         logprobs=True,
                         top_logprobs=TOP_LOGPROBS,
