@@ -30,7 +30,13 @@ HARNESS = textwrap.dedent("""
     from openrebench.harness import OpenRebenchSandbox, SandboxConfig
     from openrebench.runs import start_run
 
+    def dump_tasks():  # the test asks where a slow ending waits: every task's coroutine stack
+        for task in asyncio.all_tasks():
+            task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+
     async def main():
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump_tasks)
         run = start_run("optimize_kernel", "mini", Path(sys.argv[1]) / "run", score_start=False)[0]
         slow = "import time\\ndef prefix_sum(x):\\n    time.sleep(600)\\n"
         (run.workspace / "solution.py").write_text(slow)
@@ -113,11 +119,14 @@ def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path,
         if left and proc.poll() is None:
             proc.send_signal(signal.SIGUSR1)  # its threads' stacks, to stderr
             time.sleep(1)
+            proc.send_signal(signal.SIGUSR2)  # its asyncio tasks' stacks
+            time.sleep(1)
         if left:
             proc.kill()
             proc.wait()
             # In full under "Captured stdout" (an assertion message is cut): where each thread was.
-            print(f"the harness's stderr (its threads' stacks after SIGUSR1):\n{errors.read_text()[-30000:]}")
+            print("the harness's stderr (its threads' stacks after SIGUSR1, its tasks' after SIGUSR2):\n"
+                  + errors.read_text()[-30000:])
         assert left == [], (f"the harness {state}; its threads' stacks are printed below", left)
     finally:
         proc.kill()
