@@ -60,6 +60,9 @@ HARNESS = textwrap.dedent("""
             await box.close(interrupted=True)
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow ending hangs
+    # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`) hands its children
+    # SIGINT ignored, and asyncio.run then installs no handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     asyncio.run(main())
 """)
 
