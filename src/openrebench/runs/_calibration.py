@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -76,22 +76,28 @@ def find_record(env: Environment, tier: str, hardware_key: str, models: Mapping[
     return None
 
 
-def find_machine_record(env: Environment, tier: str, fingerprint: str,
-                        models: Mapping[str, str] | None = None) -> tuple[CalibrationRecord, str] | None:
-    """A record of this very machine (`Hardware.fingerprint`) for the tier and its models: the user's
-    own (a self-calibration's, or `openrebench calibrate`'s), else a shipped one."""
-    want_models = tier_models(env, tier, models)
+def tier_records(env: Environment, tier: str) -> Iterator[tuple[CalibrationRecord, str]]:
+    """Every readable record of the tier with its origin: the user's own ("local"), then the shipped."""
     folders = (("local", user_calibration_dir(env.id)), ("shipped", shipped_calibration_dir(env)))
     for origin, folder in folders:
         for path in sorted(folder.glob(f"{tier}--*.json")):
             try:
                 record = CalibrationRecord.model_validate_json(path.read_text())
             except (OSError, ValueError):
-                continue
-            if (record.tier == tier and record.fingerprint == fingerprint and record.models == want_models
-                    and record.env_version.split(".")[0] == env.version.split(".")[0]):
-                return record, origin
-    return None
+                continue  # a broken record is no record
+            if record.tier == tier:
+                yield record, origin
+
+
+def find_machine_record(env: Environment, tier: str, fingerprint: str,
+                        models: Mapping[str, str] | None = None) -> tuple[CalibrationRecord, str] | None:
+    """A record of this very machine (`Hardware.fingerprint`) for the tier and its models: the user's
+    own (a self-calibration's, or `openrebench calibrate`'s), else a shipped one."""
+    want_models = tier_models(env, tier, models)
+    major = env.version.split(".")[0]
+    return next(((record, origin) for record, origin in tier_records(env, tier)
+                 if record.fingerprint == fingerprint and record.models == want_models
+                 and record.env_version.split(".")[0] == major), None)
 
 
 def constants_for(env: Environment, tier: str, hardware: Hardware | None = None,

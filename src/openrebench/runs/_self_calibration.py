@@ -14,7 +14,7 @@ from ._calibration import (
     CalibrationRecord,
     find_machine_record,
     save_record,
-    shipped_calibration_dir,
+    tier_records,
     user_calibration_dir,
 )
 from ._hardware import detect_hardware
@@ -31,12 +31,8 @@ def _noise_bound(env: Environment, tier: str) -> float:
     """The spread a self-calibration may show: twice the largest of the tier's shipped records (their
     start's or reference's sd), at least MIN_NOISE. A busy neighbour spreads the scorings beyond it."""
     sds = [MIN_NOISE / 2]
-    for path in shipped_calibration_dir(env).glob(f"{tier}--*.json"):
-        try:
-            record = CalibrationRecord.model_validate_json(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.tier == tier:
+    for record, origin in tier_records(env, tier):
+        if origin == "shipped":
             sds += [record.start.sd, record.reference.sd]
     return 2 * max(sds)
 
