@@ -6,10 +6,12 @@ LOG_DIR ?= logs/demo
 
 .PHONY: demo view test lint install clean browser rust debian reach
 
-$(STAMP): pyproject.toml
+EXAMPLE := examples/example-env
+
+$(STAMP): pyproject.toml $(EXAMPLE)/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev]" -e $(EXAMPLE)
 	$(BIN)/python -c "from openrebench.harness._offline import install_from_litellm_wheel; install_from_litellm_wheel()"
 	touch $(STAMP)
 
@@ -31,7 +33,7 @@ view: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP) browser rust debian reach
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
 	$(BIN)/python -m pytest -m timing
@@ -69,7 +71,7 @@ reach:
 
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/lint-imports
 
 clean:

@@ -94,3 +94,9 @@ def calibrate(
     if ship:
         console.print(f"record shipped in {save_record(record, shipped)} (the package's copy for this "
                       "hardware: commit it)", highlight=False, soft_wrap=True)
+        default = env.tier(tier).calibration
+        if default is not None and not default.is_file():  # a new tier's first record: its default too
+            written = save_record(record, default.parent, default.name)
+            console.print(f"and as the tier's default record, {written} (what machines without a "
+                          "record of their own normalise with: commit it)",
+                          highlight=False, soft_wrap=True)

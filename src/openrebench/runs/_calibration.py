@@ -7,9 +7,11 @@ with the choice written down in the constants' `source`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -100,6 +102,23 @@ def find_machine_record(env: Environment, tier: str, fingerprint: str,
                  and record.env_version.split(".")[0] == major), None)
 
 
+_BOOTSTRAP: ContextVar[bool] = ContextVar("openrebench_calibration_bootstrap", default=False)
+UNCALIBRATED = NormConstants(start=0.0, reference=1.0, source=(
+    "none: the tier's first calibration is being measured (raw scores only; normalised scores of these "
+    "throw-away runs mean nothing)"))
+
+
+@contextlib.contextmanager
+def bootstrapping() -> Iterator[None]:
+    """Runs started inside may belong to a tier whose shipped record does not exist yet (a new tier's
+    first `openrebench calibrate --ship`): they get UNCALIBRATED constants instead of an error."""
+    token = _BOOTSTRAP.set(True)
+    try:
+        yield
+    finally:
+        _BOOTSTRAP.reset(token)
+
+
 def constants_for(env: Environment, tier: str, hardware: Hardware | None = None,
                   models: Mapping[str, str] | None = None) -> NormConstants:
     """A run's constants: the record of this machine (for a machine-dependent tier: one of its very
@@ -114,6 +133,12 @@ def constants_for(env: Environment, tier: str, hardware: Hardware | None = None,
     found = found or find_record(env, tier, key, models)
     if found:
         return found[0].constants(found[1])
+    if spec.calibration is not None and not spec.calibration.is_file():
+        if _BOOTSTRAP.get():
+            return UNCALIBRATED
+        raise OpenRebenchError(
+            f"{env.id} {tier} is not calibrated yet (no {spec.calibration.name} in its calibration/ folder): "
+            f"measure and ship its record with `openrebench calibrate {env.id} --tier {tier} --ship`")
     default = spec.default_constants
     want, defaults = tier_models(env, tier, models), tier_models(env, tier)
     other = {role: m for role, m in want.items() if m != defaults[role]}
@@ -181,10 +206,11 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
     )
 
 
-def save_record(record: CalibrationRecord, folder: Path) -> Path:
-    """Write the record (whole or not at all: a reader never sees half of one)."""
+def save_record(record: CalibrationRecord, folder: Path, name: str | None = None) -> Path:
+    """Write the record (whole or not at all: a reader never sees half of one), as `name` (default: the
+    name its tier, hardware and models give it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / record_filename(record.tier, record.hardware_key, record.models)
+    path = folder / (name or record_filename(record.tier, record.hardware_key, record.models))
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     part.write_text(record.model_dump_json(indent=2) + "\n")
     part.replace(path)

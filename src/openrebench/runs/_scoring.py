@@ -53,6 +53,7 @@ from openrebench.isolation import (
 from ._calibration import (
     CalibrationRecord,
     ProgressFn,
+    bootstrapping,
     calibrate,
     constants_for,
 )
@@ -760,7 +761,7 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
     models, for environments that call one while scoring: see `score_run`)."""
     env = get_environment(env)
     env.tier(tier)
-    with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp, bootstrapping():
         runs: dict[str, Run] = {}
         probes = env.probes(tier, default_cache_dir()) if probe_repeats else {}
 
