@@ -50,11 +50,12 @@ def kernel_score(monkeypatch: pytest.MonkeyPatch, folder: Path, code: str, **par
     return score_in_process("optimize_kernel", solution, folder / "protected", KERNEL_TIER)
 
 
-def write_reference_code() -> str:
-    """Python that writes optimize_kernel's reference solution into /workspace/solution.py: what a
-    scripted model runs through the `python` tool to reach a valid, fast solution."""
+def write_reference_code(env_id: str = "optimize_kernel") -> str:
+    """Python that writes the environment's reference solution.py (optimize_kernel's by default) into
+    /workspace/solution.py: what a scripted model runs through the `python` tool to reach a valid, good
+    solution."""
     import base64
 
-    reference = (get_environment("optimize_kernel").root / "reference" / "solution.py").read_bytes()
+    reference = (get_environment(env_id).root / "reference" / "solution.py").read_bytes()
     return (f"import base64\nopen('/workspace/solution.py', 'wb').write("
             f"base64.b64decode('{base64.b64encode(reference).decode()}'))\n")

@@ -128,10 +128,10 @@ def test_an_overflow_is_retried_and_a_model_that_only_talks_is_stopped(tmp_path:
 @pytest.mark.slow
 @pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
 def test_scripted_modular_attempt_scores_broken_then_reference_and_submits(tmp_path: Path) -> None:
-    write_reference = write_reference_code()
+    write_reference = write_reference_code("example_fit")  # the example plug-in: a scoring in a second
     outputs = [
-        ModelOutput.for_tool_call("mockllm/model", "bash",
-                                  {"command": "printf 'def prefix_sum(x):\\n    return x\\n' > solution.py"}),
+        ModelOutput.for_tool_call("mockllm/model", "bash",  # a wrong answer: one prediction for 500 xs
+                                  {"command": "printf 'def predict(xs):\\n    return [0]\\n' > solution.py"}),
         ModelOutput.for_tool_call("mockllm/model", "score", {}),
         ModelOutput.for_tool_call("mockllm/model", "bash",
                                   {"command": "head -c 60000 /dev/zero | tr '\\0' z"}),  # a long output
@@ -140,14 +140,13 @@ def test_scripted_modular_attempt_scores_broken_then_reference_and_submits(tmp_p
         ModelOutput.for_tool_call("mockllm/model", "submit", {"answer": "done"}),
     ]
     model = get_model("mockllm/model", custom_outputs=outputs)
-    task = environment_tasks()["optimize_kernel"](tier="mini", agent="modular",
-                                                   runs_dir=str(tmp_path / "runs"))
+    task = environment_tasks()["example_fit"](tier="mini", agent="modular", runs_dir=str(tmp_path / "runs"))
     (log,) = inspect_eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     (sample,) = log.samples
     tools = [m for m in sample.messages if isinstance(m, ChatMessageTool)]
     assert [m.function for m in tools] == ["bash", "score", "bash", "python", "score", "submit"]
-    assert "Invalid: wrong output" in tools[1].text
+    assert "Invalid: predict(xs) must return a list of 500 numbers, got 1" in tools[1].text
     assert "characters elided" in tools[2].text and len(tools[2].text) < 13_000
     assert sample.output.completion == "done"
     # The clock was shown before every step, and the system prompt states the working time.
@@ -159,4 +158,4 @@ def test_scripted_modular_attempt_scores_broken_then_reference_and_submits(tmp_p
     rows = score.metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score", "score"]
     assert rows[1]["raw"] is None and rows[2]["raw"] is not None
-    assert rows[2]["normalised"] > 0 and score.value > 0  # ≈ 1 on a quiet machine
+    assert rows[2]["normalised"] == pytest.approx(1.0) and score.value == pytest.approx(1.0)

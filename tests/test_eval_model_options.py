@@ -187,7 +187,7 @@ def test_an_unreachable_provider_ends_the_attempt_with_its_error_in_bounded_time
     logs = tmp_path / "logs"
     started = time.monotonic()
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "openrebench"), "eval", "optimize_kernel", "--agent", "react",
+        [str(Path(sys.executable).parent / "openrebench"), "eval", "example_fit", "--agent", "react",
          "--model", MODEL, "-M", f"base_url={url}", "-M", "responses_api=false", "--max-retries", "0",
          "--timeout", "5", "--max-connections", "2", "--time-limit", "1m", "--display", "none",
          "--isolation", "auto" if bwrap_binary() else "none", "--log-dir", str(logs),
@@ -196,7 +196,7 @@ def test_an_unreachable_provider_ends_the_attempt_with_its_error_in_bounded_time
     took = time.monotonic() - started
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1, out[-3000:]
-    assert ("error: optimize_kernel (epoch 1): APIConnectionError: Connection error. (ConnectError: All "
+    assert ("error: example_fit (epoch 1): APIConnectionError: Connection error. (ConnectError: All "
             "connection attempts failed)") in out, out[-3000:]
     assert "Traceback" not in out and took < 120
     from inspect_ai.log import list_eval_logs, read_eval_log

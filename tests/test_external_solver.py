@@ -59,7 +59,7 @@ def test_inspects_basic_agent_with_no_tools_of_its_own_scores_through_the_state_
     outputs = [ModelOutput.for_tool_call("mockllm/model", "score", {}),
                ModelOutput.for_tool_call("mockllm/model", "score_log", {}),
                ModelOutput.for_tool_call("mockllm/model", "submit", {"answer": "done"})]
-    task = environment_tasks()["optimize_kernel"](tier="mini", runs_dir=str(tmp_path / "runs"))
+    task = environment_tasks()["example_fit"](tier="mini", runs_dir=str(tmp_path / "runs"))
     model = get_model("mockllm/model", custom_outputs=outputs)
     (log,) = inspect_eval(task, solver=basic_agent(), model=model, log_dir=str(tmp_path / "logs"),
                           display="none")
@@ -67,7 +67,7 @@ def test_inspects_basic_agent_with_no_tools_of_its_own_scores_through_the_state_
     (sample,) = log.samples or []
     assert "solution.py" in sample.messages[1].text  # the instructions, after basic_agent's system prompt
     tool_results = {m.function: m for m in sample.messages if m.role == "tool"}
-    assert tool_results["score"].error is None and "Valid: correct" in tool_results["score"].text
+    assert tool_results["score"].error is None and "Valid: mean squared error" in tool_results["score"].text
     assert tool_results["score_log"].error is None and "#1 " in tool_results["score_log"].text
     offered = offered_tools(log)
     assert len(offered) == 3 and all(sorted(names) == ["score", "score_log", "submit"] for names in offered)
@@ -83,7 +83,7 @@ def test_openrebench_eval_runs_a_solver_from_a_file_with_the_score_tools(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_agent.py").write_text(SCORE_ONCE)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["eval", "optimize_kernel", "--solver", "my_agent.py@score_once",
+    result = CliRunner().invoke(app, ["eval", "example_fit", "--solver", "my_agent.py@score_once",
                                       "--log-dir", "logs", "--runs-dir", "runs"])
     assert result.exit_code == 0, result.output
     assert "my_agent.py@score_once on mini" in result.output
@@ -100,7 +100,7 @@ def test_openrebench_eval_runs_a_solver_from_a_file_with_the_score_tools(
 @needs_bwrap
 def test_the_builtin_react_agent_is_offered_the_score_tools_once(tmp_path: Path) -> None:
     outputs = [ModelOutput.for_tool_call("mockllm/model", "submit", {"answer": "done"})]
-    task = environment_tasks()["optimize_kernel"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"))
+    task = environment_tasks()["example_fit"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"))
     (log,) = inspect_eval(task, model=get_model("mockllm/model", custom_outputs=outputs),
                           log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error

@@ -100,7 +100,7 @@ HUMAN_EVAL = """
 import sys
 from inspect_ai import eval as inspect_eval
 from openrebench.harness import environment_tasks
-task = environment_tasks()["optimize_kernel"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs")
+task = environment_tasks()["example_fit"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs")
 (log,) = inspect_eval(task, model="none", log_dir=sys.argv[1] + "/logs", display="plain")
 print("STATUS", log.status)
 """
@@ -131,7 +131,7 @@ def test_human_agent_logs_in_scores_and_submits(tmp_path: Path) -> None:
         term = Terminal([login])
         term.expect(r"agent:/workspace\$ ")
         term.send("score\n")
-        scored = term.expect(r"score ln\(ms\)[^\n]*", timeout=300).group(0)
+        scored = term.expect(r"score ln\(MSE\)[^\n]*", timeout=300).group(0)
         term.expect(r"agent:/workspace\$ ")
         term.send("task submit\n")
         term.expect(r"Yes \(y\) or No \(n\)", timeout=60)
@@ -141,7 +141,7 @@ def test_human_agent_logs_in_scores_and_submits(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert "STATUS success" in Path(out.name).read_text()
-    assert "score ln(ms)" in scored
+    assert "score ln(MSE)" in scored
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     (info,) = list_eval_logs(str(tmp_path / "logs"))

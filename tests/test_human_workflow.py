@@ -27,8 +27,8 @@ HUMAN_EVAL = """
 import sys
 from inspect_ai import eval as inspect_eval
 from openrebench.harness import environment_tasks
-task = environment_tasks()["optimize_kernel"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs",
-                                              time_limit=1800)
+task = environment_tasks()["example_fit"](tier="mini", agent="human", runs_dir=sys.argv[1] + "/runs",
+                                          time_limit=1800)
 (log,) = inspect_eval(task, model="none", log_dir=sys.argv[1] + "/logs", display="plain")
 print("STATUS", log.status)
 """

@@ -45,7 +45,7 @@ def test_react_on_the_offline_model_records_real_usage_at_zero_cost(tmp_path: Pa
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     logs, runs = tmp_path / "logs", tmp_path / "runs"
     result = CliRunner().invoke(app, [
-        "eval", "optimize_kernel", "--tier", "mini", "--agent", "react", "--model", "local",
+        "eval", "example_fit", "--tier", "mini", "--agent", "react", "--model", "local",
         "--time-limit", "60s", "--isolation", "auto" if bwrap_binary() else "none", "--display", "none",
         "--log-dir", str(logs), "--runs-dir", str(runs)], terminal_width=250)
     assert "LOCAL_BASE_URL" not in os.environ
@@ -83,4 +83,4 @@ def test_react_on_the_offline_model_records_real_usage_at_zero_cost(tmp_path: Pa
     assert out.exit_code == 0, out.output
     (group,) = json.loads(out.output)["groups"]
     assert group["cost_per_run_usd"] == 0.0 and group["tokens_per_run"] > 0
-    assert group["env_cost_per_run_usd"] is None  # optimize_kernel calls no model of its own
+    assert group["env_cost_per_run_usd"] is None  # example_fit calls no model of its own

@@ -34,8 +34,8 @@ def test_react_keeps_a_shell_and_background_jobs_between_tool_calls(tmp_path: Pa
               command="cat /workspace/notes.md; stat -c %U /workspace/notes.md; pgrep -x sleep | wc -l"),
         _call("submit", answer="done"),
     ]
-    task = environment_tasks()["optimize_kernel"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"),
-                                                  time_limit=600)
+    task = environment_tasks()["example_fit"](tier="mini", agent="react", runs_dir=str(tmp_path / "runs"),
+                                              time_limit=600)
     (log,) = inspect_eval(task, model=get_model("mockllm/model", custom_outputs=outputs),
                           log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
