@@ -29,7 +29,7 @@ def test_list_and_info_show_the_kernel_environment() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("info", "nope"), "error: unknown environment 'nope' (known: chat_rl, fix_embedding, "),
+    (("info", "nope"), "error: unknown environment 'nope' (known: chat_rl, "),
     (("start", "nope", "RUN"), "error: unknown environment 'nope'"),
     (("start", "optimize_kernel", "--tier", "huge", "RUN"), "error: unknown tier 'huge' for optimize_kernel"),
     (("score", "MISSING"), "does not exist"),
