@@ -13,7 +13,7 @@ streaming against a direct call to the same model.
    an agent's client uses), interleaved. Reported: the time to the first chunk and to the end of the
    stream, medians, and the paired median of what the gateway adds.
 
-    .venv/bin/python benchmarks/agents.py --out benchmarks/results/agents.json
+    .venv/bin/python benchmarks/agents.py --out benchmarks/results/agents/$(date +%F)_amd_epyc.json
 """
 
 from __future__ import annotations

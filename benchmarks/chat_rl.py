@@ -10,7 +10,7 @@ medians and spreads (the standard deviation is what the issue's noise question a
 scoring to `--out`.
 
     .venv/bin/python benchmarks/chat_rl.py --tier mini --repeats 5 \\
-        --out benchmarks/results/chat_rl_mini_xeon.json
+        --out benchmarks/results/chat_rl/$(date +%F)_mini_xeon.json
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ GPU), the reference pipeline (`--reference-rounds 1` times one of its three alik
 written after each step.
 
     python3 benchmarks/chat_rl_full_offline.py --stage all --reference-rounds 1 \\
-        --out benchmarks/results/chat_rl_full_offline_h200.json
+        --out benchmarks/results/chat_rl_full_offline/$(date +%F)_h200.json
 """
 
 from __future__ import annotations

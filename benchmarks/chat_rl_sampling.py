@@ -7,7 +7,7 @@ instructions with 60 new tokens (it rarely ends early, so this is the worst case
 both give the same answers. Medians of `--repeats`; prints a table and writes JSON.
 
     python3 benchmarks/chat_rl_sampling.py --device cuda --baseline old_chat_lm.py \\
-        --out benchmarks/results/chat_rl_sampling_h200.json
+        --out benchmarks/results/chat_rl_sampling/$(date +%F)_h200.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The client here posts the same small chat request over each path, interleaved, s
 It reports the median and p95 of each, the median of the paired differences against direct (the
 added latency; the issue's target is under 5 ms), and requests/s with 32 concurrent clients.
 
-    .venv/bin/python benchmarks/gateway.py --out benchmarks/results/gateway.json
+    .venv/bin/python benchmarks/gateway.py --out benchmarks/results/gateway/$(date +%F)_xeon.json
 """
 
 from __future__ import annotations

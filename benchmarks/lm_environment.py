@@ -10,7 +10,7 @@ record anywhere else: the one the package ships is written by `openrebench calib
 --repeats 2 --ship`.
 
     python benchmarks/lm_environment.py fix_embedding --tier mini --repeats 2 \
-        --out benchmarks/results/fix_embedding_mini_xeon.json
+        --out benchmarks/results/lm_environment/$(date +%F)_fix_embedding_mini_xeon.json
 """
 
 from __future__ import annotations

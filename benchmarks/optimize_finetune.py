@@ -19,9 +19,9 @@ The calibration record goes into the JSON only; the one the package ships is wri
 `openrebench calibrate optimize_finetune --tier T --ship`.
 
     .venv/bin/python benchmarks/optimize_finetune.py --tier mini --repeats 5 --noise --cheats \\
-        --out benchmarks/results/optimize_finetune_mini_xeon.json
+        --out benchmarks/results/optimize_finetune/$(date +%F)_mini_xeon.json
     python benchmarks/optimize_finetune.py --tier full --repeats 1 --cheats --budget-s 370 \\
-        --out benchmarks/results/optimize_finetune_full_h200.json
+        --out benchmarks/results/optimize_finetune/$(date +%F)_full_h200.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ attention, TF32 on or off. A bf16-weights variant (not the same computation) sho
 With `--profile`, the top CUDA kernels of one step of the reference's variant.
 
     python benchmarks/optimize_finetune_steps.py --tier full --steps 6 --profile \\
-        --out benchmarks/results/optimize_finetune_steps_full_h200.json
+        --out benchmarks/results/optimize_finetune_steps/$(date +%F)_full_h200.json
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ Three measurements, one run:
 Prints a table and writes everything as JSON to `--out`.
 
     python benchmarks/optimize_kernel.py --tier full --repeats 10 \
-        --out benchmarks/results/optimize_kernel_full_h200.json
+        --out benchmarks/results/optimize_kernel/$(date +%F)_full_h200.json
     python benchmarks/optimize_kernel.py --tier mini --repeats 5 --loads 1,2 --load-repeats 5 \
-        --out benchmarks/results/optimize_kernel_mini_xeon.json
+        --out benchmarks/results/optimize_kernel/$(date +%F)_mini_xeon.json
 """
 
 from __future__ import annotations

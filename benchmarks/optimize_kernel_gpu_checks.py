@@ -9,7 +9,7 @@ they make (`--record`: written there) and the reference's spread in normalised s
 target (5% of its normalised value); writes everything as JSON.
 
     python benchmarks/optimize_kernel_gpu_checks.py --repeats 6 --record calibration.json \
-        --out benchmarks/results/optimize_kernel_full_h200_checks.json
+        --out benchmarks/results/optimize_kernel_gpu_checks/$(date +%F)_full_h200.json
 """
 
 from __future__ import annotations

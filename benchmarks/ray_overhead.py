@@ -19,7 +19,7 @@
    (median, 95th percentile: the backlog), the driver's peak memory, the queue's size, and the GCS's
    memory, with lines fitted against attempts to read off a 10,000-attempt eval.
 
-    .venv/bin/python benchmarks/ray_overhead.py --out benchmarks/results/ray_overhead.json
+    .venv/bin/python benchmarks/ray_overhead.py --out benchmarks/results/ray_overhead/$(date +%F)_xeon.json
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ Runs `pytest tests/redteam` in a subprocess with JUnit XML output; each test's e
 and invariant come from its `@pytest.mark.attack(env=..., cls=..., invariant=N)` marker (collected with a
 small plugin that writes them to a JSON file), its name from the first line of its docstring. A failed
 assertion means the attack works; an exception elsewhere is an error. Prints the attacks per invariant
-(the threat model asks for at least 5 each). Writes benchmarks/results/redteam.json.
+(the threat model asks for at least 5 each). Writes benchmarks/results/redteam/<today>_all_attacks.json
+(`--out` for another file).
 
 `--defences-off` runs pytest once per defence of tests/redteam/defences.py with that defence switched off
 (`--defences-off NAME`), only the attacks it stops: each must then work, which shows the attack is real.
-Writes benchmarks/results/redteam_defences_off.json.
+Writes benchmarks/results/redteam/<today>_defences_off.json.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULT = ROOT / "benchmarks" / "results" / "redteam.json"
-RESULT_OFF = ROOT / "benchmarks" / "results" / "redteam_defences_off.json"
+RESULTS = ROOT / "benchmarks" / "results" / "redteam"
 sys.path.insert(0, str(ROOT / "tests" / "redteam"))
 from defences import SWITCHES  # noqa: E402
 
@@ -126,7 +127,12 @@ def main() -> None:
     parser.add_argument("-k", default=None, help="pytest -k expression (a subset of the attacks)")
     parser.add_argument("--defences-off", action="store_true",
                         help="switch each defence off in turn and run its attacks (they must work)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default: benchmarks/results/redteam/<today>_all_attacks.json, "
+                             "or <today>_defences_off.json)")
     args = parser.parse_args()
+    what = "defences_off" if args.defences_off else "all_attacks"
+    out = args.out or RESULTS / f"{date.today().isoformat()}_{what}.json"
     console = Console()
     command = " ".join(["python", "benchmarks/redteam.py", *sys.argv[1:]])
     if args.defences_off:
@@ -139,8 +145,9 @@ def main() -> None:
             console.print(f"{works} of {len(rows)} attacks work with it off")
             record["defences"][name] = {"what": switch.what, "wall_s": round(wall, 1), "attacks": len(rows),
                                         "work": works, "rows": rows}
-        RESULT_OFF.parent.mkdir(parents=True, exist_ok=True)
-        RESULT_OFF.write_text(json.dumps(record, indent=2) + "\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        console.print(f"results: {out}")
         return
     rows, wall = run_suite(args.k)
     console.print(_table(f"Adversarial suite: {len(rows)} attacks in {wall:.0f} s", rows))
@@ -150,9 +157,10 @@ def main() -> None:
     for what, c in per.items():
         console.print(f"invariant {what}: {c['attacks']} attacks, {c['caught']} caught"
                       + (f", [bold red]{c['ATTACK WORKS']} work[/]" if c["ATTACK WORKS"] else ""))
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps({"command": command, "wall_s": round(wall, 1), "counts": counts,
-                                  "per_invariant": per, "attacks": rows}, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "wall_s": round(wall, 1), "counts": counts,
+                               "per_invariant": per, "attacks": rows}, indent=2) + "\n")
+    console.print(f"results: {out}")
 
 
 if __name__ == "__main__":

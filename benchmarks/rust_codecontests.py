@@ -8,7 +8,7 @@ judging (rustc and the tests), and the task model's requests, tokens and cost on
 It prints medians and spreads and writes every scoring to `--out`.
 
     .venv/bin/python benchmarks/rust_codecontests.py --tier mini --repeats 2 \\
-        --out benchmarks/results/rust_codecontests_mini_xeon.json
+        --out benchmarks/results/rust_codecontests/$(date +%F)_mini_xeon.json
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ interleaved:
   the snapshot, the scoring sandbox with its cgroup and fresh uid, the scorer, the row, the thaw.
 The paired difference is the harness's overhead per `score` (target: 150 ms median).
 
-    .venv/bin/python benchmarks/sandbox_overhead.py --out benchmarks/results/sandbox_overhead.json
+    .venv/bin/python benchmarks/sandbox_overhead.py \\
+        --out benchmarks/results/sandbox_overhead/$(date +%F)_xeon.json
 """
 
 from __future__ import annotations

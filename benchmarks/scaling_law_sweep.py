@@ -8,8 +8,9 @@ throw-away folder, or into `--keep`, and writes what it measured to `--out` as J
 optimum, the raw scores of the starting and the reference answers (exact for that ground truth), and
 the seconds of the sweep and of the reference procedure. After a build it reuses every cached point.
 
-    python benchmarks/scaling_law_sweep.py --tier mini --out benchmarks/results/scaling_law_mini_xeon.json
-    python benchmarks/scaling_law_sweep.py --tier full --out $OUT/scaling_law_full_h200.json \
+    python benchmarks/scaling_law_sweep.py --tier mini \\
+        --out benchmarks/results/scaling_law_sweep/$(date +%F)_mini_xeon.json
+    python benchmarks/scaling_law_sweep.py --tier full --out $OUT/$(date +%F)_full_h200.json \\
         --keep $OUT                                                       # one H200
 """
 

@@ -6,7 +6,7 @@ The truth is the expected best of k draws from each full population (10,000 valu
 study draws n runs per environment and computes score@k and its interval as `openrebench analyze` does.
 
     .venv/bin/python benchmarks/score_at_k_coverage.py --studies 1000 \
-        --out benchmarks/results/score_at_k_coverage.json
+        --out benchmarks/results/score_at_k_coverage/$(date +%F)_xeon.json
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ read (issue: scores that mean the same on every machine).
 
     python benchmarks/self_calibration.py [--env optimize_kernel] [--tier mini] [--repeats 5] [--out FILE]
 
+`--out` defaults to benchmarks/results/self_calibration/<today>_<env>_<tier>_<machine>.json (the machine:
+the GPU model for a GPU tier, the CPU model for a CPU tier).
+
 In an empty cache (a temporary OPENREBENCH_HOME): the self-calibration a first run makes (timed; made
 again with `replace`, so that a record shipped for this machine does not skip it), then `repeats` runs
 set up for work, each with its set-up scoring of the start, and `repeats` scorings of the reference:
@@ -16,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 
 from rich.console import Console
@@ -41,12 +46,17 @@ def main() -> None:
     parser.add_argument("--env", default="optimize_kernel")
     parser.add_argument("--tier", default="mini")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/self_calibration.json"))
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     console = Console(stderr=True)
     env = get_environment(args.env)
     if not env.tier(args.tier).machine_dependent:
         raise SystemExit(f"{args.env} ({args.tier}) is not machine-dependent: it never calibrates itself")
+    if args.out is None:
+        model = detect_hardware().key(env.tier(args.tier).device).partition(":")[2]
+        machine = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
+        args.out = (Path(__file__).parent / "results" / "self_calibration"
+                    / f"{date.today().isoformat()}_{args.env}_{args.tier}_{machine}.json")
     with tempfile.TemporaryDirectory(prefix="self-calibration-") as tmp:
         os.environ["OPENREBENCH_HOME"] = str(Path(tmp) / "home")
         os.environ["OPENREBENCH_SELF_CALIBRATION"] = "1"
