@@ -323,9 +323,9 @@ def test_a_client_that_stops_reading_its_stream_is_dropped_and_its_place_at_the_
         gw: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stream holds one of the backend's places (one of llama.cpp's 4 slots): a client that stops
     reading would keep it from every other run until the time limit."""
-    from openrebench.gateway import _server
+    from openrebench.gateway import _stream_out
 
-    monkeypatch.setattr(_server, "STREAM_WRITE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(_stream_out, "STREAM_WRITE_TIMEOUT_S", 0.5)
     flood = Flood()
     grant = _granted(gw, tmp_path, flood, budget=Budget(usd=1000.0))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -133,7 +133,7 @@ def test_solution_that_kills_its_parent_gives_invalid_row(kernel_run: Run, monke
     from openrebench.isolation import _namespace as _isolation
 
     monkeypatch.setattr(_isolation, "pid_namespace_prefix", lambda: ())
-    monkeypatch.setattr("openrebench.runs._scoring.pid_namespace_prefix", lambda: ())
+    monkeypatch.setattr("openrebench.runs._scorer_process.pid_namespace_prefix", lambda: ())
     killer = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
     (kernel_run.workspace / "solution.py").write_text(killer)
     row = score_run(kernel_run, timeout_s=20, sandboxed=False)

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from openrebench.api import OpenRebenchError
-from openrebench.runs import Run, _score_log, _scoring, score_run
+from openrebench.runs import Run, _score_log, _scoring, _snapshot, score_run, snapshot_workspace
 from openrebench.runs._scorer_main import failure_message
-from openrebench.runs._scoring import snapshot_workspace
 
 
 @pytest.fixture
@@ -65,7 +64,7 @@ def test_a_fifo_swapped_in_after_the_listing_never_blocks(tmp_path: Path,
             (ws / "a.txt").unlink()
             os.mkfifo(ws / "a.txt")  # nobody will ever write to it
 
-    monkeypatch.setattr(_scoring, "_before_open", swap)
+    monkeypatch.setattr(_snapshot, "_before_open", swap)
     box: dict[str, object] = {}
     worker = threading.Thread(target=lambda: box.update(out=snapshot_workspace(ws, tmp_path / "dest")),
                               daemon=True)
@@ -89,7 +88,7 @@ def test_a_link_swapped_in_after_the_listing_is_not_followed(tmp_path: Path, out
             (ws / "sub").rename(tmp_path / "moved")
             (ws / "sub").symlink_to(outside)
 
-    monkeypatch.setattr(_scoring, "_before_open", swap)
+    monkeypatch.setattr(_snapshot, "_before_open", swap)
     _, notes = snapshot_workspace(ws, tmp_path / "dest")
     assert not any(b"SECRET" in data for data in copied(tmp_path / "dest").values())
     assert any("replaced" in n for n in notes)
@@ -105,7 +104,7 @@ def test_a_folder_renamed_mid_walk_cannot_lead_outside(tmp_path: Path, outside: 
             (ws / "sub").rename(tmp_path / "elsewhere")
             (ws / "sub").symlink_to(outside)
 
-    monkeypatch.setattr(_scoring, "_before_open", swap)
+    monkeypatch.setattr(_snapshot, "_before_open", swap)
     snapshot_workspace(ws, tmp_path / "dest")
     assert copied(tmp_path / "dest") == {"sub/deeper/c.txt": b"mine"}
 
@@ -120,7 +119,7 @@ def test_a_vanished_file_is_skipped_with_a_note(tmp_path: Path, monkeypatch: pyt
             (ws / "gone" / "c.txt").unlink()
             (ws / "gone").rmdir()
 
-    monkeypatch.setattr(_scoring, "_before_open", remove)
+    monkeypatch.setattr(_snapshot, "_before_open", remove)
     _, notes = snapshot_workspace(ws, tmp_path / "dest")
     assert copied(tmp_path / "dest") == {"b.txt": b"b"}
     assert sum("removed while the snapshot was taken" in n for n in notes) == 2
@@ -130,7 +129,7 @@ def test_a_file_changing_while_copied_gives_one_clear_invalid_row(kernel_run: Ru
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     target = kernel_run.workspace / "growing.log"
     target.write_text("step 1\n")
-    real_read = _scoring._read
+    real_read = _snapshot._read
 
     def read(fd: int, n: int) -> bytes:
         data = real_read(fd, n)
@@ -139,7 +138,7 @@ def test_a_file_changing_while_copied_gives_one_clear_invalid_row(kernel_run: Ru
                 f.write("step 2\n")
         return data
 
-    monkeypatch.setattr(_scoring, "_read", read)
+    monkeypatch.setattr(_snapshot, "_read", read)
     monkeypatch.setattr(_scoring, "run_scorer", lambda *a, **k: pytest.fail("scored an inconsistent copy"))
     row = score_run(kernel_run, sandboxed=False)
     assert row.raw is None and "growing.log changed while the snapshot was taken" in row.message
@@ -156,7 +155,7 @@ def test_limits_give_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyP
         with pytest.raises(OpenRebenchError, match=expected):
             snapshot_workspace(ws, tmp_path / "dest", max_bytes=value)
         return
-    monkeypatch.setattr(_scoring, limit, value)
+    monkeypatch.setattr(_snapshot, limit, value)
     with pytest.raises(OpenRebenchError, match=expected):
         snapshot_workspace(ws, tmp_path / "dest")
 

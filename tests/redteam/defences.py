@@ -34,10 +34,10 @@ def _snapshot_counting(mp: pytest.MonkeyPatch) -> None:
     import os
     import stat
 
-    from openrebench.runs import _scoring
+    from openrebench.runs import _snapshot
 
-    mp.setattr(_scoring, "_cost", lambda st: (int(stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)), 0))
-    mp.setattr(_scoring, "_list_names", lambda fd, room: sorted(os.listdir(fd)))
+    mp.setattr(_snapshot, "_cost", lambda st: (int(stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)), 0))
+    mp.setattr(_snapshot, "_list_names", lambda fd, room: sorted(os.listdir(fd)))
 
 
 def _per_test_cgroup(mp: pytest.MonkeyPatch) -> None:

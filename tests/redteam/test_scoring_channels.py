@@ -222,7 +222,7 @@ def looked_without_defences(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
     from openrebench.harness.backends import bwrap as bwrap_backend
     from openrebench.isolation import _bwrap, _machine
-    from openrebench.runs import _scoring
+    from openrebench.runs import _scorer_process
 
     original = _bwrap.bwrap_command
 
@@ -231,7 +231,7 @@ def looked_without_defences(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_bwrap, "seccomp_supported", lambda: False)
-        patch.setattr(_scoring, "bwrap_command", shared_ipc)
+        patch.setattr(_scorer_process, "bwrap_command", shared_ipc)
         patch.setattr(_machine, "bwrap_command", shared_ipc)
         no_userns = functools.partial(_machine.MachineSpec, user_namespace=False)
         patch.setattr(bwrap_backend, "MachineSpec", no_userns)

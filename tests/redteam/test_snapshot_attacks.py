@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from openrebench.api import OpenRebenchError, ScoreResult
-from openrebench.runs import Run, _scoring, score_run
-from openrebench.runs._scoring import snapshot_workspace
+from openrebench.runs import Run, _scoring, _snapshot, score_run, snapshot_workspace
 
 ENV = "core"
 SECRET = b"protected-secret-4411"
@@ -144,18 +143,18 @@ MiB = 1 << 20
 
 def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the bytes the snapshot reads from the agent's files (what it then writes is at most that)."""
-    real, seen = _scoring._read, {"bytes": 0}
+    real, seen = _snapshot._read, {"bytes": 0}
 
     def read(fd: int, n: int) -> bytes:
         block = real(fd, n)
         seen["bytes"] += len(block)
         return block
 
-    monkeypatch.setattr(_scoring, "_read", read)
+    monkeypatch.setattr(_snapshot, "_read", read)
     return seen
 
 
-def _refused(ws: Path, dest: Path, match: str, max_bytes: int = _scoring.MAX_SNAPSHOT_BYTES) -> None:
+def _refused(ws: Path, dest: Path, match: str, max_bytes: int = _snapshot.MAX_SNAPSHOT_BYTES) -> None:
     """The snapshot is refused with `match` in its message, and leaves no partial copy behind."""
     try:
         snapshot_workspace(ws, dest, max_bytes=max_bytes)
@@ -188,7 +187,7 @@ def test_sparse_files_count_at_their_apparent_size(tmp_path: Path, monkeypatch: 
 def test_links_fifos_and_sockets_count_against_the_entry_limit(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Millions of symlinks, FIFOs and sockets are skipped, so the entry limit never stops the walk."""
-    monkeypatch.setattr(_scoring, "MAX_SNAPSHOT_FILES", 50)
+    monkeypatch.setattr(_snapshot, "MAX_SNAPSHOT_FILES", 50)
     ws = tmp_path / "workspace"
     ws.mkdir()
     for i in range(60):
@@ -211,7 +210,7 @@ def test_hard_links_count_once_per_link(tmp_path: Path, monkeypatch: pytest.Monk
     seen = _counting_reads(monkeypatch)
     _refused(ws, tmp_path / "snap", "snapshot limit", max_bytes=8 * MiB)
     assert seen["bytes"] <= 8 * MiB, f"attack works: {seen['bytes']:,} bytes read for an 8 MiB limit"
-    monkeypatch.setattr(_scoring, "MAX_SNAPSHOT_FILES", 50)
+    monkeypatch.setattr(_snapshot, "MAX_SNAPSHOT_FILES", 50)
     (ws / "small.txt").write_text("mine")
     for i in range(60):
         os.link(ws / "small.txt", ws / f"small{i}.txt")
@@ -222,7 +221,7 @@ def test_hard_links_count_once_per_link(tmp_path: Path, monkeypatch: pytest.Monk
 def test_a_folder_of_very_many_names_is_not_listed_whole(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder of a million names: listing it whole holds every name in memory before any limit applies."""
-    monkeypatch.setattr(_scoring, "MAX_SNAPSHOT_FILES", 50)
+    monkeypatch.setattr(_snapshot, "MAX_SNAPSHOT_FILES", 50)
     ws = tmp_path / "workspace"
     (ws / "many").mkdir(parents=True)
     for i in range(20_000):  # a million on a real attack; the memory held grows with it
@@ -250,7 +249,7 @@ def test_a_file_growing_while_copied_is_cut_at_its_size(tmp_path: Path,
         seen["bytes"] += n
         return b"x" * n
 
-    monkeypatch.setattr(_scoring, "_read", endless)
+    monkeypatch.setattr(_snapshot, "_read", endless)
     _refused(ws, tmp_path / "snap", "train.log changed while the snapshot was taken", max_bytes=64 * MiB)
     assert seen["bytes"] <= 2 * MiB, f"attack works: {seen['bytes']:,} bytes read from a 1 MiB file"
 
@@ -262,12 +261,12 @@ def test_a_workspace_over_a_limit_is_the_solutions_invalid_row(kernel_run: Run, 
     """A workspace too deep, too many entries or too many bytes: the harness must not blame itself."""
     ws = kernel_run.workspace
     if limit == "depth":
-        deep = ws.joinpath(*["d"] * (_scoring.MAX_SNAPSHOT_DEPTH + 5))
+        deep = ws.joinpath(*["d"] * (_snapshot.MAX_SNAPSHOT_DEPTH + 5))
         deep.mkdir(parents=True)
         (deep / "x.txt").write_text("deep")
-        expected = f"the workspace is nested deeper than {_scoring.MAX_SNAPSHOT_DEPTH} folders"
+        expected = f"the workspace is nested deeper than {_snapshot.MAX_SNAPSHOT_DEPTH} folders"
     elif limit == "entries":
-        monkeypatch.setattr(_scoring, "MAX_SNAPSHOT_FILES", 50)
+        monkeypatch.setattr(_snapshot, "MAX_SNAPSHOT_FILES", 50)
         for i in range(60):
             (ws / f"l{i}").symlink_to("nowhere")
         expected = "the workspace holds more than 50 files and folders"
@@ -275,8 +274,8 @@ def test_a_workspace_over_a_limit_is_the_solutions_invalid_row(kernel_run: Run, 
         with open(ws / "huge.bin", "wb") as f:
             f.truncate(100 * 1024**3)  # sparse: over the tier's limit without a byte on disk
         seen = _counting_reads(monkeypatch)  # the guard below keeps a broken defence from reading 4 GiB
-        counted = _scoring._read
-        monkeypatch.setattr(_scoring, "_read", lambda fd, n: counted(fd, n) if seen["bytes"] < 64 * MiB
+        counted = _snapshot._read
+        monkeypatch.setattr(_snapshot, "_read", lambda fd, n: counted(fd, n) if seen["bytes"] < 64 * MiB
                             else pytest.fail("attack works: the harness reads the sparse file's zeros"))
         expected = "the workspace is over the 4 GiB snapshot limit"
     monkeypatch.setattr(_scoring, "run_scorer", lambda *a, **k: pytest.fail("scored an over-limit workspace"))

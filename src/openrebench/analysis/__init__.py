@@ -1,24 +1,6 @@
 """Analysis of runs: score@k over time budgets, agents against humans, the paper's data, reports."""
 
-from ._analysis import (
-    COVERAGES,
-    Allocation,
-    AlternativeRow,
-    Analysis,
-    ClaimRow,
-    Comparison,
-    CostPoint,
-    DroppedCell,
-    EnvModelRow,
-    EnvRow,
-    GroupSummary,
-    HeadlineRow,
-    NormBudgetRow,
-    NormRow,
-    Settings,
-    TimeCurve,
-    analyze,
-)
+from ._analyze import analyze
 from ._budget import default_budgets, runs_for
 from ._cohorts import PAPER_COHORT, PAPER_SIZE_TIERS, cohort_of
 from ._environments import registered_facts
@@ -58,6 +40,24 @@ from ._paper import (
     parse_hours,
 )
 from ._report import write_report
+from ._results import (
+    COVERAGES,
+    Allocation,
+    AlternativeRow,
+    Analysis,
+    ClaimRow,
+    Comparison,
+    CostPoint,
+    DroppedCell,
+    EnvModelRow,
+    EnvRow,
+    GroupSummary,
+    HeadlineRow,
+    NormBudgetRow,
+    NormRow,
+    Settings,
+    TimeCurve,
+)
 from ._tables import all_tables
 
 __all__ = [

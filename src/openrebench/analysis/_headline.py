@@ -9,18 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ._analysis import (
-    Allocation,
-    AlternativeRow,
-    Analysis,
-    ClaimRow,
-    Coverage,
-    HeadlineRow,
-    _Engine,
-    _run,
-    human_for,
-)
+from ._analyze import _run
 from ._budget import fmt_hours
+from ._comparisons import human_for
+from ._engine import _Engine
 from ._paper import (
     HACK_FACTOR,
     HUMAN_GROUP,
@@ -31,6 +23,7 @@ from ._paper import (
     load_paper,
     paper_options,
 )
+from ._results import Allocation, AlternativeRow, Analysis, ClaimRow, Coverage, HeadlineRow
 
 # How close counts as reproduced: the ratio within a quarter of the published one (or its interval
 # holding it); the human mean within 0.05; a share within 6 points (one attempt in 17).

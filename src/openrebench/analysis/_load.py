@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from openrebench.api import NormConstants, OpenRebenchError
-from openrebench.runs import ScoreRow, paper_matched
+from openrebench.runs import ScoreMetadata, ScoreRow, paper_matched
 
 from ._environments import registered_facts
 from ._model import Attempt, Dataset, EnvFacts, ModelUse
@@ -152,11 +152,11 @@ def _model_use(raw: Any) -> ModelUse | None:
     return ModelUse(cost_usd=cost, **{k: v for k, v in counts.items() if v is not None})
 
 
-def _env_models(meta: Mapping[str, Any], where: str,
+def _env_models(meta: ScoreMetadata, where: str,
                 warnings: list[str]) -> tuple[ModelUse | None, dict[str, ModelUse]]:
     """The gateway's totals for the run's environment models (`gateway_usage` in the score metadata);
     absent: the run used none. A malformed record is left out with a warning, never fatal."""
-    raw = meta.get(GATEWAY_USAGE)
+    raw = meta.gateway_usage
     if raw is None:
         return None, {}
     total = _model_use(raw.get("total")) if isinstance(raw, Mapping) else None
@@ -202,19 +202,17 @@ def _constants(raw: Any) -> NormConstants | None:
         return None
 
 
-def _paper_score(meta: Mapping[str, Any], measured: NormConstants | None,
+def _paper_score(meta: ScoreMetadata, measured: NormConstants | None,
                  paper: NormConstants | None) -> float | None:
     """The run's final paper-matched score: the scorer's (`normalised_paper`), else recomputed from the
     raw score (logs written before the scorer recorded it); a run without a valid score has 0."""
-    value = meta.get("normalised_paper")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    raw = meta.get("raw")
-    if raw is None:
+    if meta.normalised_paper is not None and math.isfinite(meta.normalised_paper):
+        return meta.normalised_paper
+    if meta.raw is None:
         return 0.0 if paper is not None else None
-    if not isinstance(raw, int | float) or measured is None or paper is None:
+    if measured is None or paper is None:
         return None
-    return paper_matched(float(raw), measured, paper)
+    return paper_matched(meta.raw, measured, paper)
 
 
 def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices, warnings: list[str],
@@ -231,27 +229,25 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices
         raise OpenRebenchError(f"{where}: score value {score.value!r} is not a number") from None
     if not math.isfinite(value):
         raise OpenRebenchError(f"{where}: score value {value} is not finite")
-    meta = score.metadata or {}
+    meta = ScoreMetadata.read(score.metadata, where)
     for key in ("fingerprint", "score_log"):
-        if key not in meta:
+        if key not in meta.model_fields_set:
             raise OpenRebenchError(f"{where}: score metadata lacks '{key}' (not written by openrebench's "
                                    "run_score scorer?)")
-    fingerprint = meta["fingerprint"]
-    if not isinstance(fingerprint, dict) or not isinstance(fingerprint.get("hardware"), dict):
+    fingerprint = meta.fingerprint or {}
+    if not isinstance(fingerprint.get("hardware"), dict):
         raise OpenRebenchError(f"{where}: score metadata 'fingerprint' has no hardware record")
     gpus = fingerprint["hardware"].get("gpu_count") or 0
     if not isinstance(gpus, int) or gpus < 0:
         raise OpenRebenchError(f"{where}: the fingerprint's gpu_count {gpus!r} is not a count")
-    if not isinstance(meta["score_log"], list):
-        raise OpenRebenchError(f"{where}: score metadata 'score_log' is not a list of rows")
     rows: list[ScoreRow] = []
-    for i, row in enumerate(meta["score_log"]):
+    for i, row in enumerate(meta.score_log):
         try:
             rows.append(ScoreRow.model_validate(row))
         except ValidationError as e:
             raise OpenRebenchError(f"{where}: score_log row {i} is malformed "
                                    f"({e.errors()[0]['loc']}: {e.errors()[0]['msg']})") from None
-    for w in meta.get("log_warnings") or []:
+    for w in meta.log_warnings:
         warnings.append(f"{where}: {w}")
     task_meta = log.eval.metadata or {}
     env_id = (sample.metadata or {}).get("env_id") or task_meta["env_id"]
@@ -269,7 +265,7 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices
     env_models, env_roles = _env_models(meta, where, warnings)
     measured = _constants(fingerprint.get("constants"))
     facts = registered.get(env_id)
-    paper = _constants(meta.get("paper_constants")) or (facts.paper_constants if facts else None)
+    paper = _constants(meta.paper_constants) or (facts.paper_constants if facts else None)
     trajectory = _trajectory(rows)
     scores: dict[str, float] = {"measured": value}
     trajectories = {"measured": trajectory}
@@ -280,7 +276,7 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices
     return Attempt(
         group=_group_label(agent, str(log.eval.model), tier), is_human=agent == "human", env_id=env_id,
         tier=tier, length_h=length_h, score=value,
-        raw=meta.get("raw") if isinstance(meta.get("raw"), int | float) else None,
+        raw=meta.raw,
         trajectory=trajectory, scores=scores, trajectories=trajectories,  # type: ignore[arg-type]
         constants=measured, paper_constants=paper if "paper" in scores else None, scaffold=agent,
         tokens=tokens, cost_usd=cost, env_models=env_models,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from openrebench.api import OpenRebenchError
 
-from ._analysis import Analysis
 from ._estimators import SE_FLOOR
 from ._figures import FIGURES
+from ._results import Analysis
 from ._tables import TableSpec, all_tables, treatment_tables
 
 MISSING = {

@@ -6,10 +6,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._analysis import Analysis, GroupSummary
 from ._budget import fmt_hours
 from ._cohorts import PAPER_SIZE_TIERS
 from ._estimators import SE_FLOOR
+from ._results import Analysis, GroupSummary
 
 DISAGREE_Z = 3.0
 # Percentile intervals of best-of-k undercover once k exceeds about a fifth of the runs

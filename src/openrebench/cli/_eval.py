@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -292,13 +292,10 @@ def eval_(
         ISOLATIONS,
         check_client,
         check_credentials,
-        ended,
         environment_tasks,
-        estimate_run,
         get_agent,
         isolation_problem,
         resolve_agent_model,
-        results_caption,
     )
     from openrebench.runs import environment_classes
 
@@ -339,10 +336,8 @@ def eval_(
         from openrebench.cluster import eval_on_cluster
 
         if agent_spec.needs_model and model is not None:
-            estimate = estimate_run(model, ids, tier, seconds, epochs, message_limit, token_limit, prices,
-                                    agent=agent)
-            console.print("\n".join(estimate.lines()), highlight=False, markup=False)
-            estimate.check(max_cost, yes)
+            _check_cost(model, ids, tier, seconds, epochs, message_limit, token_limit, prices, agent,
+                        max_cost, yes)
         if model is not None:  # the driver passes provider keys (*_API_KEY) to the nodes
             check_credentials(model)
         code = eval_on_cluster(cluster, ids, log_dir=log_dir, runs_dir=runs_dir,
@@ -355,12 +350,7 @@ def eval_(
             raise typer.Exit(code)
         return
     if login_user is not None:
-        import pwd
-
-        try:
-            pwd.getpwnam(login_user)
-        except KeyError:
-            raise OpenRebenchError(f"--login-user {login_user}: no such user on this machine") from None
+        _check_user(login_user)
         os.environ["OPENREBENCH_LOGIN_USER"] = login_user
     if resume:  # read by each attempt's set-up, not a task argument (which would change the tasks' identity)
         os.environ["OPENREBENCH_RESUME"] = "1"
@@ -375,10 +365,8 @@ def eval_(
         for t in tasks:
             t.metadata = {**(t.metadata or {}), "agent": solver}
     if agent_spec.needs_model and model is not None:
-        estimate = estimate_run(model, ids, tier, limits, epochs, message_limit, token_limit, prices,
-                                agent=agent)
-        console.print("\n".join(estimate.lines()), highlight=False, markup=False)
-        estimate.check(max_cost, yes)
+        _check_cost(model, ids, tier, limits, epochs, message_limit, token_limit, prices, agent,
+                    max_cost, yes)
     if model is not None:
         check_credentials(model, made_with.get("model_base_url"), made_with.get("model_args"))
     # The environments' models too: the harness holds their keys, the sandboxes never see them.
@@ -395,9 +383,26 @@ def eval_(
             _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
         else:
             logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
-    table = Table(title=f"openrebench eval — {solver or agent} on {tier}", caption=results_caption(logs),
-                  caption_justify="left")
-    campaign = len(limits) > 1
+    _print_results(logs, ids, f"openrebench eval — {solver or agent} on {tier}", campaign=len(limits) > 1)
+    took, count = _minutes(time.monotonic() - began), f"{len(tasks)} task{'s' * (len(tasks) != 1)}"
+    console.print(f"Total: {count} in {took} (set-ups, attempts and scorings; each task's own in the time "
+                  "column)", highlight=False)
+    failures = _failures(logs, [t.name for t in tasks])
+    for what, status, reason in failures:
+        err.print(f"[bold red]{status}:[/] {what}: {reason}", highlight=False, soft_wrap=True)
+    console.print(f"Inspect logs: {log_dir} (open them with `{_inspect_command()} view --log-dir "
+                  f"{shlex.quote(str(log_dir))}`)", highlight=False, soft_wrap=True)
+    if code := _exit_code(failures):
+        raise typer.Exit(code)
+
+
+def _print_results(logs: list[Any], ids: list[str], title: str, *, campaign: bool) -> None:
+    """The results table (an attempt per row), where each environment's constants came from, and a
+    warning for attempts that ran unisolated."""
+    from openrebench.harness import ended, results_caption
+    from openrebench.runs import ScoreMetadata
+
+    table = Table(title=title, caption=results_caption(logs), caption_justify="left")
     for col in ("environment", *(("time limit",) if campaign else ()), "epoch", "normalised", "raw", "ended",
                 "time", "run"):
         # The environment's name whole (the run's path folds instead, at any terminal width).
@@ -410,32 +415,41 @@ def eval_(
     for log in logs:
         for sample in log.samples or []:
             for score in (sample.scores or {}).values():
-                meta = score.metadata or {}
-                constants = (meta.get("fingerprint") or {}).get("constants") or {}
-                if constants.get("source"):
-                    sources.setdefault(log.eval.task, set()).add(str(constants["source"]))
+                meta = ScoreMetadata.read(score.metadata, log.location or log.eval.task)
+                if meta.constants_source:
+                    sources.setdefault(log.eval.task, set()).add(meta.constants_source)
                 value = f"{float(score.value):.3f}"
-                if meta.get("isolated") is False:  # a measurement of nothing: said where it is read
+                if meta.isolated is False:  # a measurement of nothing: said where it is read
                     value, unisolated = f"{value} UNISOLATED", unisolated + 1
                 limit = getattr(log.eval.config, "working_limit", None)  # as the caption reads it
                 table.add_row(log.eval.task, *((describe_duration(float(limit)) if limit else "tier's",)
                                                if campaign else ()),
-                              str(sample.epoch), value, fmt(meta.get("raw")), ended(sample),
-                              _task_time(log), str(meta.get("run_dir", "")))
+                              str(sample.epoch), value, fmt(meta.raw), ended(sample),
+                              _task_time(log), meta.run_dir or "")
     if table.rows:
         console.print(table)
     for task, said in sorted(sources.items()):  # a self-calibrated machine or a default says so here
         console.print(f"{task} normalised with: {'; '.join(sorted(said))}", highlight=False, soft_wrap=True)
-    took, count = _minutes(time.monotonic() - began), f"{len(tasks)} task{'s' * (len(tasks) != 1)}"
-    console.print(f"Total: {count} in {took} (set-ups, attempts and scorings; each task's own in the time "
-                  "column)", highlight=False)
     if unisolated:
         err.print(f"[bold red]warning:[/] {unisolated} attempt(s) ran with --isolation none: nothing was "
                   "isolated, so their scores measure nothing", highlight=False, soft_wrap=True)
-    failures = _failures(logs, [t.name for t in tasks])
-    for what, status, reason in failures:
-        err.print(f"[bold red]{status}:[/] {what}: {reason}", highlight=False, soft_wrap=True)
-    console.print(f"Inspect logs: {log_dir} (open them with `{_inspect_command()} view --log-dir "
-                  f"{shlex.quote(str(log_dir))}`)", highlight=False, soft_wrap=True)
-    if code := _exit_code(failures):
-        raise typer.Exit(code)
+
+
+def _check_cost(model: str, ids: list[str], tier: str, limits: float | Sequence[float | None] | None,
+                epochs: int, message_limit: str | None, token_limit: str | None, prices: Path | None,
+                agent: str, max_cost: float, yes: bool) -> None:
+    """The cost estimate of a model agent's campaign, printed, then stopped above --max-cost unless --yes."""
+    from openrebench.harness import estimate_run
+
+    estimate = estimate_run(model, ids, tier, limits, epochs, message_limit, token_limit, prices, agent=agent)
+    console.print("\n".join(estimate.lines()), highlight=False, markup=False)
+    estimate.check(max_cost, yes)
+
+
+def _check_user(name: str) -> None:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise OpenRebenchError(f"--login-user {name}: no such user on this machine") from None

@@ -8,10 +8,30 @@ Ray is optional (`pip install 'openrebench[ray]'`): it is imported only when a c
 from ._driver import QUEUE_FILE, ClusterEval, Driver, Outcome, connect, driver_lock, forwarded_env
 from ._eval import eval_on_cluster, plan_attempts
 from ._node import LOST_FILE, RESULT_FILE, START_FILE, prepare_assets, run_attempt, trivial_attempt
-from ._queue import LOST_TRIES, Attempt, AttemptQueue, Try
+from ._queue import LOST_TRIES, AttemptQueue, QueuedAttempt, Try
 from ._spec import AttemptSpec, Resources, attempt_resources
 
-__all__ = ["LOST_FILE", "LOST_TRIES", "QUEUE_FILE", "RESULT_FILE", "START_FILE", "Attempt", "AttemptQueue",
-           "AttemptSpec", "ClusterEval", "Driver", "Outcome", "Resources", "Try", "attempt_resources",
-           "connect", "driver_lock", "eval_on_cluster", "forwarded_env", "plan_attempts", "prepare_assets",
-           "run_attempt", "trivial_attempt"]
+__all__ = [
+           "LOST_FILE",
+           "LOST_TRIES",
+           "QUEUE_FILE",
+           "RESULT_FILE",
+           "START_FILE",
+           "AttemptQueue",
+           "AttemptSpec",
+           "ClusterEval",
+           "Driver",
+           "Outcome",
+           "QueuedAttempt",
+           "Resources",
+           "Try",
+           "attempt_resources",
+           "connect",
+           "driver_lock",
+           "eval_on_cluster",
+           "forwarded_env",
+           "plan_attempts",
+           "prepare_assets",
+           "run_attempt",
+           "trivial_attempt",
+]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from openrebench.base import OpenRebenchError, cache_dir
+from openrebench.runs import ScoreMetadata
 
 from ._spec import AttemptSpec
 
@@ -133,12 +134,14 @@ def summarise(log: Any, try_dir: Path) -> dict[str, Any]:
     """What the driver keeps of an attempt's Inspect log: done with its score, else failed and why."""
     sample = log.samples[0] if log.samples else None
     score = next(iter(sample.scores.values()), None) if sample is not None and sample.scores else None
-    meta = (score.metadata or {}) if score is not None else {}
+    try:
+        meta = ScoreMetadata.read(score.metadata if score is not None else None, str(log.location))
+    except OpenRebenchError:  # the attempt is kept, whatever its log says: its score still counts
+        meta = ScoreMetadata()
     runs = sorted(str(p.parent) for p in try_dir.glob("*/run.json"))
-    out: dict[str, Any] = {"log": log.location,
-                           "run_dir": meta.get("run_dir") or (runs[-1] if runs else None)}
+    out: dict[str, Any] = {"log": log.location, "run_dir": meta.run_dir or (runs[-1] if runs else None)}
     if log.status == "success" and score is not None and sample is not None and sample.error is None:
-        return {**out, "status": "done", "score": float(score.value), "raw": meta.get("raw")}
+        return {**out, "status": "done", "score": float(score.value), "raw": meta.raw}
     if sample is not None and sample.error is not None:
         reason = one_line(sample.error.message, sample.error.traceback)
     elif sample is not None and not sample.scores:

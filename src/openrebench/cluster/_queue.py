@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS tries (
 
 
 @dataclass(frozen=True)
-class Attempt:
+class QueuedAttempt:
     """An attempt's row."""
 
     id: str
@@ -208,12 +208,12 @@ class AttemptQueue:
                          (ended or time.time(), outcome, reason, attempt_id, n))
 
     # -- reading ---------------------------------------------------------------------------------------
-    def attempts(self, state: str | None = None) -> list[Attempt]:
+    def attempts(self, state: str | None = None) -> list[QueuedAttempt]:
         where, args = ("WHERE state = ?", (state,)) if state else ("", ())
         return [self._attempt(r) for r in self._db.execute(
             f"SELECT * FROM attempts {where} ORDER BY position", args)]
 
-    def get(self, attempt_id: str) -> Attempt:
+    def get(self, attempt_id: str) -> QueuedAttempt:
         row = self._db.execute("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
         return self._attempt(row)
 
@@ -231,10 +231,10 @@ class AttemptQueue:
         return out
 
     @staticmethod
-    def _attempt(r: sqlite3.Row) -> Attempt:
-        return Attempt(id=r["id"], spec=AttemptSpec.from_json(r["spec"]), state=r["state"], tries=r["tries"],
-                       failures=r["failures"], losses=r["losses"], log=r["log"], score=r["score"],
-                       raw=r["raw"], run_dir=r["run_dir"], reason=r["reason"])
+    def _attempt(r: sqlite3.Row) -> QueuedAttempt:
+        return QueuedAttempt(id=r["id"], spec=AttemptSpec.from_json(r["spec"]), state=r["state"],
+                             tries=r["tries"], failures=r["failures"], losses=r["losses"], log=r["log"],
+                             score=r["score"], raw=r["raw"], run_dir=r["run_dir"], reason=r["reason"])
 
     @staticmethod
     def _try(r: sqlite3.Row) -> Try:

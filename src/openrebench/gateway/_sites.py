@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from ._server import Gateway, Grant
+    from ._grants import Grant
+    from ._server import Gateway
 
 
 class _TooMany(asyncio.Protocol):

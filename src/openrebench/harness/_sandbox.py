@@ -51,9 +51,9 @@ from ._progress import InspectProgress
 from ._run_models import RunModels
 from ._score_service import ScoringService, format_log, install_client
 from .backends import (
-    Attempt,
     Backend,
-    ModelAccess,
+    GatewayAccess,
+    SandboxedAttempt,
     get_backend,
     isolations,
     resolve_isolation,
@@ -240,13 +240,13 @@ class OpenRebenchSandbox(SandboxEnvironment):
                 install_forwarder(home.bin_dir)
                 home.gateway_mount.mkdir()
                 assert grant.socket_dir is not None  # the service gives every grant its own socket
-                access = ModelAccess(grant.socket_dir, SOCKET_NAME, grant.token)
+                access = GatewayAccess(grant.socket_dir, SOCKET_NAME, grant.token)
         except BaseException:
             if models is not None:
                 models.close()
             home.remove()
             raise
-        backend = backend_cls(Attempt(run, home, lease, network=config.network,
+        backend = backend_cls(SandboxedAttempt(run, home, lease, network=config.network,
                                       memory_bytes=int(config.memory_limit_gb * 1024**3),
                                       max_processes=config.max_processes, cpus=config.cpus, models=access))
         try:

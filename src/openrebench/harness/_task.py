@@ -23,6 +23,7 @@ from inspect_ai.solver import TaskState
 
 from openrebench.api import LOCAL_MODEL, Environment, ModelBudget, OpenRebenchError
 from openrebench.runs import (
+    ScoreMetadata,
     environment_classes,
     final_row,
     final_score,
@@ -92,17 +93,17 @@ def run_score() -> Scorer:
         raw, normalised = final_score(rows, env.direction, run.info.constants)
         row = final_row(rows, env.direction)
         paper = paper_constants(env, run.info.tier)
-        metadata = {"raw": raw, "run_dir": str(run.path), "fingerprint": run.info.model_dump(mode="json"),
-                    "isolation": box.isolation, "isolated": box.backend.isolating,
-                    "score_log": [r.model_dump(mode="json") for r in rows], "log_warnings": warnings}
+        metadata = ScoreMetadata(raw=raw, run_dir=str(run.path), fingerprint=run.info.model_dump(mode="json"),
+                                 isolation=box.isolation, isolated=box.backend.isolating,
+                                 score_log=[r.model_dump(mode="json") for r in rows], log_warnings=warnings)
         if paper is not None:  # the score on the paper's scale, beside the measured one (the value)
-            metadata["normalised_paper"] = paper_matched(raw, run.info.constants, paper) or 0.0
-            metadata["paper_constants"] = paper.model_dump(mode="json")
+            metadata.normalised_paper = paper_matched(raw, run.info.constants, paper) or 0.0
+            metadata.paper_constants = paper.model_dump(mode="json")
         if (usage := model_usage(run)) is not None:
-            metadata["gateway_usage"] = usage  # the environment's models, apart from the agent's
+            metadata.gateway_usage = usage  # the environment's models, apart from the agent's
             record_role_usage(usage)
         return Score(value=normalised, answer=None if raw is None else f"{raw:.6g}",
-                     explanation=row.message if row else "no valid score", metadata=metadata)
+                     explanation=row.message if row else "no valid score", metadata=metadata.written())
 
     return execute
 

@@ -44,7 +44,7 @@ class Bind:
 
 
 @dataclass(frozen=True)
-class Limits:
+class ProcessLimits:
     """Per-process limits applied with prlimit inside the sandbox (cgroups cover the whole tree)."""
 
     max_processes: int | None = 1024
@@ -67,7 +67,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     network: bool = False
     devices: Sequence[str] = ()
-    limits: Limits = Limits()
+    limits: ProcessLimits = ProcessLimits()
     drop_privileges: bool = True  # as root: run the command as SANDBOX_UID with no capabilities
     new_session: bool = True  # off for interactive shells, which need the terminal
     # Make the environment plug-ins installed outside the Python installation importable (read-only,

@@ -8,7 +8,7 @@ forks it inside, so what a command starts in the background lives on until the a
 attempt ends, as in a container.
 
 The cgroup has two levels: the sandbox's (bubblewrap, its init, the exec server) and, below it, the
-agent's (every command and what it starts). Limits sit on the sandbox's; freezing acts on the agent's,
+agent's (every command and what it starts). ProcessLimits sit on the sandbox's; freezing acts on the agent's,
 so a frozen attempt's server still accepts commands (which start frozen and run once thawed) and the
 harness's own pollers never see a dead sandbox. A command's timeout does not count time frozen.
 

@@ -20,16 +20,11 @@ from ._normalise import final_row, final_score, normalise, paper_constants, pape
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
 from ._run import Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
-from ._scoring import (
-    ScoringAccess,
-    ScoringAccessFn,
-    calibrate_environment,
-    run_scorer,
-    score_run,
-    snapshot_workspace,
-    start_run,
-)
+from ._score_metadata import ScoreMetadata
+from ._scorer_process import ScoringAccess, ScoringAccessFn, run_scorer
+from ._scoring import calibrate_environment, score_run, start_run
 from ._self_calibration import calibrate_machine
+from ._snapshot import snapshot_workspace
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -37,6 +32,7 @@ __all__ = [
     "Hardware",
     "Run",
     "RunInfo",
+    "ScoreMetadata",
     "ScoreRow",
     "ScoringAccess",
     "ScoringAccessFn",

@@ -16,7 +16,7 @@ from openrebench.base import cache_dir as default_cache_dir
 from ._run import Run
 
 if TYPE_CHECKING:
-    from ._scoring import ScoringAccessFn
+    from ._scorer_process import ScoringAccessFn
 
 
 def place(entries: Sequence[Placement], root: Path) -> list[str]:

@@ -56,6 +56,27 @@ def get_environment(env: str | Environment) -> Environment:
         raise OpenRebenchError(f"unknown environment '{env}' (known: {', '.join(_registry())})") from None
 
 
+def class_path(env: str | Environment) -> str:
+    """Where the environment's class lives, `module:QualName`: what a scorer process imports to load this
+    one environment alone (`by_class_path`), instead of discovering every installed one."""
+    cls = type(get_environment(env))
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def by_class_path(path: str, env_id: str) -> Environment:
+    """The environment whose class `class_path` named, checked to be an Environment with id `env_id`."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    cls = _check(obj, path)
+    if cls.id != env_id:
+        raise OpenRebenchError(f"{path} is the environment '{cls.id}', not '{env_id}'")
+    return cls()
+
+
 def refresh() -> None:
     """Forget what was found (after installing a plug-in in a running process, as tests do)."""
     _registry.cache_clear()

@@ -43,7 +43,7 @@ def failure_message(e: BaseException, protected: str) -> tuple[str, bool]:
 def _score(env: Any, config: dict[str, Any]) -> Any:
     from openrebench.api import ScoreResult
 
-    from ._scoring import READY_TAG
+    from ._scorer_process import READY_TAG
 
     try:
         sys.stdout.write(f"\n{READY_TAG} {config['nonce']}\n")
@@ -63,12 +63,14 @@ def main() -> None:
     config = json.loads(sys.stdin.read())
     from openrebench.api import ScoreResult
 
-    from ._scoring import RESULT_TAG
+    from ._scorer_process import RESULT_TAG
 
     try:
-        from ._registry import get_environment
+        from ._registry import by_class_path, get_environment
 
-        env = get_environment(config["env_id"])
+        # The harness names the class: this one environment is imported, not every installed one.
+        env = (by_class_path(config["env_class"], config["env_id"]) if config.get("env_class")
+               else get_environment(config["env_id"]))
     except Exception as e:  # an environment (a plug-in) this process cannot load: never the solution's fault
         result = ScoreResult.invalid(
             f"Invalid: infrastructure failure (the scorer process cannot load the environment "

@@ -19,7 +19,8 @@ from ._calibration import (
 )
 from ._hardware import detect_hardware
 from ._registry import get_environment
-from ._scoring import ScoringAccessFn, calibrate_environment
+from ._scorer_process import ScoringAccessFn
+from ._scoring import calibrate_environment
 
 SELF_CALIBRATION_ENV = "OPENREBENCH_SELF_CALIBRATION"  # "0": never (the test suite, where a test asks)
 SELF_CALIBRATION_REPEATS = 3

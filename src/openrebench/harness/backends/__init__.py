@@ -16,7 +16,7 @@ import warnings
 
 from openrebench.base import OpenRebenchError, check_name, discover
 
-from ._base import Attempt, Backend, Launch, ModelAccess
+from ._base import Backend, GatewayAccess, Launch, SandboxedAttempt
 
 ENTRY_POINT_GROUP = "openrebench.sandbox_backends"
 AUTO = "auto"
@@ -102,6 +102,18 @@ def refresh() -> None:
     backend_classes.cache_clear()
 
 
-__all__ = ["AUTO", "ENTRY_POINT_GROUP", "Attempt", "Backend", "Launch", "ModelAccess", "backend_classes",
-           "get_backend",
-           "isolation_problem", "isolations", "refresh", "resolve_isolation", "warn_unisolated"]
+__all__ = [
+    "AUTO",
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "GatewayAccess",
+    "Launch",
+    "SandboxedAttempt",
+    "backend_classes",
+    "get_backend",
+    "isolation_problem",
+    "isolations",
+    "refresh",
+    "resolve_isolation",
+    "warn_unisolated",
+]

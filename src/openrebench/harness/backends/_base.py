@@ -2,7 +2,7 @@
 
 The Inspect sandbox (`_sandbox.py`) owns the attempt's lifecycle (the run, the GPU lease, the
 scoring service); a backend only runs the agent's commands and moves its files, with one
-`Attempt`'s settings. A backend's class says what it does in class attributes, read by the harness
+`SandboxedAttempt`'s settings. A backend's class says what it does in class attributes, read by the harness
 instead of branching on names; its name is what `--isolation` and `-T isolation=` take.
 """
 
@@ -29,7 +29,7 @@ MAX_OUTPUT = 10 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class ModelAccess:
+class GatewayAccess:
     """A run's way to its models: the host folder holding the gateway's socket, the socket's name in it,
     and the run's token, the command's OPENAI_API_KEY. A backend shows the socket to the agent's
     commands and starts each through `gateway-forward --exec`, which sets OPENAI_BASE_URL."""
@@ -43,7 +43,7 @@ class ModelAccess:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class SandboxedAttempt:
     """What a backend isolates: one run's agent, the host folder of its own places, its GPUs, its limits."""
 
     run: Run
@@ -53,7 +53,7 @@ class Attempt:
     memory_bytes: int = 8 * 1024**3
     max_processes: int = 1024
     cpus: float | None = None  # CPU time of the whole attempt, in cores (None: all of them)
-    models: ModelAccess | None = None  # where the run's tier declares models
+    models: GatewayAccess | None = None  # where the run's tier declares models
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,9 @@ class Backend(ABC):
     isolating: ClassVar[bool] = True  # False: nothing is isolated (refused unless asked for by name)
     leases_gpus: ClassVar[bool] = False  # the attempt leases its GPUs and sees only those
     sandboxed_scoring: ClassVar[bool] = False  # scorings run in the scoring sandbox (bwrap)
-    serves_models: ClassVar[bool] = False  # honours `Attempt.models` (a run with models needs it)
+    serves_models: ClassVar[bool] = False  # honours `SandboxedAttempt.models` (a run with models needs it)
 
-    def __init__(self, attempt: Attempt) -> None:
+    def __init__(self, attempt: SandboxedAttempt) -> None:
         self.attempt = attempt
         self.cgroup: Cgroup | None = None  # holds every process of the agent, where the backend makes one
         self.uid: int | None = None  # the agent's own uid, where the backend gives it one

@@ -34,13 +34,13 @@ from openrebench.isolation import (
     Machine,
     MachineSpec,
     OutputLimitExceeded,
+    ProcessLimits,
     SandboxSpec,
     allocate_uid,
     bwrap_usable,
     identities_available,
     sandbox_path,
 )
-from openrebench.isolation import Limits as ProcessLimits
 from openrebench.runs import get_environment
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
