@@ -25,9 +25,9 @@ Prices (US$ per million tokens) come from `--prices`, Inspect's model data or th
 """
 
 from ._backends import (
-    Backend,
     BackendError,
     BackendUnavailable,
+    ModelBackend,
     OpenAICompatibleBackend,
     Unsupported,
 )
@@ -41,9 +41,37 @@ from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 from ._service import SOCKET_NAME, USAGE_LOG, ModelService, model_service
 from ._usage import Totals, UsageLog, summarise
 
-__all__ = ["LIST_PRICES", "LOCAL_INSPECT_MODEL", "LOCAL_MODEL_NAME", "LOCAL_PROVIDERS", "PRICES_DATE",
-           "SOCKET_NAME", "USAGE_LOG", "Backend", "BackendError", "BackendUnavailable", "Budget", "Gateway",
-           "GatewayThread", "Grant", "InspectBackend", "LocalEndpoint", "LocalModelServer", "ModelService",
-           "OpenAICompatibleBackend", "RoleModel", "Totals", "Unsupported", "UsageLog", "exec_prefix",
-           "find_price", "forwarder_command", "install_forwarder", "load_prices", "local_model_path",
-           "model_service", "shared_local_server", "summarise"]
+__all__ = [
+    "LIST_PRICES",
+    "LOCAL_INSPECT_MODEL",
+    "LOCAL_MODEL_NAME",
+    "LOCAL_PROVIDERS",
+    "PRICES_DATE",
+    "SOCKET_NAME",
+    "USAGE_LOG",
+    "BackendError",
+    "BackendUnavailable",
+    "Budget",
+    "Gateway",
+    "GatewayThread",
+    "Grant",
+    "InspectBackend",
+    "LocalEndpoint",
+    "LocalModelServer",
+    "ModelBackend",
+    "ModelService",
+    "OpenAICompatibleBackend",
+    "RoleModel",
+    "Totals",
+    "Unsupported",
+    "UsageLog",
+    "exec_prefix",
+    "find_price",
+    "forwarder_command",
+    "install_forwarder",
+    "load_prices",
+    "local_model_path",
+    "model_service",
+    "shared_local_server",
+    "summarise",
+]

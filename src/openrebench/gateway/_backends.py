@@ -73,7 +73,7 @@ def redact(text: str, *extra: str | None) -> str:
 
 
 @runtime_checkable
-class Backend(Protocol):
+class ModelBackend(Protocol):
     """A model behind the gateway. `chat` answers a `chat.completion`, `complete` a `text_completion`.
 
     What else a backend can do it says by the attributes it has (the gateway looks them up, never at its

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._backends import Backend
+from ._backends import ModelBackend
 from ._limits import limit
 from ._usage import Totals, UsageLog, cost_usd
 
@@ -23,7 +23,7 @@ class RoleModel:
     """The model behind a role: its backend, the name clients see (and the price is looked up by), and
     optionally its price in US$ per million input/output tokens (else the price table's)."""
 
-    backend: Backend
+    backend: ModelBackend
     model_name: str
     price: Mapping[str, float] | None = None
 

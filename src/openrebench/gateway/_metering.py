@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ._backends import Backend
+from ._backends import ModelBackend
 from ._grants import Grant, RoleModel
 from ._streaming import StreamMeter
 from ._usage import UsageLog
@@ -57,7 +57,7 @@ class Call:
         return {"prompt": self.prompt_bound, "completion": self.completion_held}
 
 
-def reported_usage(output: dict[str, Any], backend: Backend) -> tuple[int | None, int | None]:
+def reported_usage(output: dict[str, Any], backend: ModelBackend) -> tuple[int | None, int | None]:
     """The prompt and completion tokens a whole answer reports (None: not reported); a backend whose
     usage counts one choice (llama.cpp's) is charged its count once a choice."""
     usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}

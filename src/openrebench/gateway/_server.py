@@ -29,7 +29,7 @@ from aiohttp import web
 
 from openrebench.base import OpenRebenchError
 
-from ._backends import Backend
+from ._backends import ModelBackend
 from ._fair import FairQueue
 from ._grants import MAX_PENDING, Budget, Grant, RoleModel
 from ._limits import (  # noqa: F401 - MAX_CHOICES and CAP_UNASKED: the gateway's limits, named here too
@@ -106,7 +106,7 @@ class Gateway(StreamAnswers, BackendCalls, Metering):
         self.max_body, self.request_timeout_s, self.concurrency = max_body, request_timeout_s, concurrency
         self._grants: dict[str, Grant] = {}
         self._logs: dict[Path, UsageLog] = {}
-        self._backends: dict[int, Backend] = {}
+        self._backends: dict[int, ModelBackend] = {}
         self._queues: dict[int, FairQueue] = {}  # by backend: its fair share among grants
         self._sites: dict[str, GrantSite] = {}  # by token digest: the grants' own sockets
         self._by_socket: dict[str, Grant] = {}  # a grant by its own socket's path
@@ -169,7 +169,7 @@ class Gateway(StreamAnswers, BackendCalls, Metering):
         if grant is not None and grant.socket_path is not None:
             grant.socket_path.unlink(missing_ok=True)
 
-    def forget(self, backend: Backend) -> None:
+    def forget(self, backend: ModelBackend) -> None:
         """No grant will use `backend` again (its server is going away): drop it and close its client."""
         with self._lock:
             self._backends.pop(id(backend), None)

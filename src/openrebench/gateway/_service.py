@@ -30,7 +30,7 @@ from pathlib import Path
 from openrebench.api import LOCAL_MODEL
 from openrebench.base import OpenRebenchError
 
-from ._backends import Backend, OpenAICompatibleBackend
+from ._backends import ModelBackend, OpenAICompatibleBackend
 from ._inspect import InspectBackend
 from ._likelihood import Likelihood, LocalModelBackend
 from ._local import LocalEndpoint, shared_local_server
@@ -127,12 +127,12 @@ class ModelService:
                 self._models[spec] = found
             return found
 
-    def backend(self, spec: str) -> tuple[Backend, str]:
+    def backend(self, spec: str) -> tuple[ModelBackend, str]:
         """The backend of a model spec, and the model name clients see."""
         found = self.role_model(spec)
         return found.backend, found.model_name
 
-    def add_backend(self, spec: str, backend: Backend, model_name: str | None = None,
+    def add_backend(self, spec: str, backend: ModelBackend, model_name: str | None = None,
                     price: Mapping[str, float] | None = None) -> None:
         """Serve `spec` from `backend` (a server of one's own; tests): grants made after use it."""
         with self._lock:

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ._backends import Backend, BackendError
+from ._backends import BackendError, ModelBackend
 from ._limits import Refusal
 from ._metering import Call, Metering
 from ._streaming import Relay, StreamMeter, whole_as_chunks
@@ -102,7 +102,8 @@ class StreamAnswers(BackendCalls, Metering):
         return response
 
 
-async def _chunks(backend: Backend, kind: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+async def _chunks(backend: ModelBackend, kind: str, body: dict[str, Any]
+                  ) -> AsyncGenerator[dict[str, Any], None]:
     """The chunks of an answer: the backend's own stream where it has one, else its whole answer as
     chunks, once it is written."""
     stream = getattr(backend, "stream", None)

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
-from ._backends import Backend, BackendError
+from ._backends import BackendError, ModelBackend
 from ._fair import DEFAULT_CAPACITY, FairQueue
 from ._limits import Refusal
 from ._metering import Call
@@ -22,7 +22,7 @@ class BackendCalls:
 
     _queues: dict[int, FairQueue]
 
-    def _queue(self, backend: Backend) -> FairQueue:
+    def _queue(self, backend: ModelBackend) -> FairQueue:
         """The backend's fair queue, shared by every grant that uses it (`capacity`: its own, if it
         names one, e.g. the llama.cpp server's slots)."""
         queue = self._queues.get(id(backend))
