@@ -38,6 +38,7 @@ from ._protocol import (
     solution_prefix,
     solution_uid,
 )
+from ._solution import import_solution, solution_traceback
 
 __all__ = [
     "LOCAL_MODEL",
@@ -69,12 +70,14 @@ __all__ = [
     "cache_dir",
     "describe_duration",
     "file_contents",
+    "import_solution",
     "model_key",
     "progress_display",
     "reporting",
     "show_progress",
     "solution_cgroup",
     "solution_prefix",
+    "solution_traceback",
     "solution_uid",
     "stage",
 ]

@@ -7,28 +7,16 @@ trusted: the scorer checks the shape of every answer.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from openrebench.api import HostChannel
+from openrebench.api import HostChannel, import_solution, solution_traceback
 
 
 def _load(solution_dir: Path) -> Any:
-    path = solution_dir / "solution.py"
-    if not path.is_file():
-        return "solution.py is missing from the workspace"
-    sys.path.insert(0, str(solution_dir))
-    try:
-        spec = importlib.util.spec_from_file_location("solution", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["solution"] = module
-        spec.loader.exec_module(module)
-    except BaseException as e:  # SystemExit too: the agent's code must not end the host silently
-        return f"solution.py failed to import: {type(e).__name__}: {e}"
+    module = import_solution(solution_dir)  # by path, from the snapshot: a one-line reason where it fails
+    if isinstance(module, str):
+        return module
     predict = getattr(module, "predict", None)
     return predict if callable(predict) else "solution.py must define predict(xs) -> list[float]"
 
@@ -45,8 +33,7 @@ def main() -> None:
         out = predict(list(request["xs"]))
         channel.send({"predictions": [float(v) for v in out]})
     except BaseException as e:
-        frames = "".join(traceback.format_exception(e)[-3:])
-        channel.send({"error": f"predict(xs) raised {type(e).__name__}: {e}\n{frames}"})
+        channel.send({"error": f"predict(xs) raised {solution_traceback(e, solution_dir)}"})
 
 
 if __name__ == "__main__":

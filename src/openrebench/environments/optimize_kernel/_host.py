@@ -13,24 +13,14 @@ place waits for that event. The times it reports are shown to the agent as detai
 from __future__ import annotations
 
 import base64
-import importlib.util
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from openrebench.api import HostChannel
+from openrebench.api import HostChannel, import_solution, solution_traceback
 from openrebench.environments.optimize_kernel._buffers import CpuInput, CudaInput, CudaIpcError, export_result
-
-
-def _solution_traceback(exc: BaseException, solution_dir: Path) -> str:
-    """The exception with only the frames in the agent's own files (what they need to debug)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(solution_dir))]
-    where = "".join(traceback.format_list(frames[-5:]))
-    return f"{type(exc).__name__}: {exc}" + (f"\n{where.rstrip()}" if where else "")
 
 
 def _check_output(y: object, x: torch.Tensor) -> str | None:
@@ -47,18 +37,9 @@ def _check_output(y: object, x: torch.Tensor) -> str | None:
 
 
 def _import_solution(solution_dir: Path) -> tuple[Callable[[torch.Tensor], object] | None, str | None]:
-    path = solution_dir / "solution.py"
-    if not path.is_file():
-        return None, "solution.py is missing from the workspace"
-    sys.path.insert(0, str(solution_dir))
-    try:
-        spec = importlib.util.spec_from_file_location("solution", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["solution"] = module
-        spec.loader.exec_module(module)
-    except BaseException as e:  # SystemExit and KeyboardInterrupt too: the agent's code must not end us
-        return None, f"solution.py failed to import: {_solution_traceback(e, solution_dir)}"
+    module = import_solution(solution_dir)
+    if isinstance(module, str):
+        return None, module
     fn = getattr(module, "prefix_sum", None)
     if not callable(fn):
         return None, "solution.py does not define a function prefix_sum(x)"
@@ -91,7 +72,7 @@ def _serve(channel: HostChannel, fn: Callable[[torch.Tensor], object], x_buf: to
             try:
                 y = fn(x)
             except BaseException as e:
-                channel.send({"error": f"prefix_sum raised {_solution_traceback(e, solution_dir)}"})
+                channel.send({"error": f"prefix_sum raised {solution_traceback(e, solution_dir)}"})
                 return None
             if problem := _check_output(y, x):
                 channel.send({"error": problem})

@@ -9,49 +9,30 @@ it reports is trusted: the scorer checks the graph against the rules and compute
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
-from openrebench.api import HostChannel
+from openrebench.api import HostChannel, import_solution, solution_traceback
 
 from ._graph import RuleViolation, difference, pack_constants, trace
 from ._rules import ALLOWED_SUMMARY
 from ._wire import send_blob
 
 
-def _solution_traceback(exc: BaseException, solution_dir: Path) -> str:
-    """The exception with only the frames in the agent's own files (what they need to debug)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(solution_dir))]
-    where = "".join(traceback.format_list(frames[-5:]))
-    return f"{type(exc).__name__}: {exc}" + (f"\n{where.rstrip()}" if where else "")
-
-
 def _load_model(solution_dir: Path) -> torch.nn.Module | str:
-    path = solution_dir / "solution.py"
-    if not path.is_file():
-        return "solution.py is missing from the workspace"
-    sys.path.insert(0, str(solution_dir))
-    try:
-        spec = importlib.util.spec_from_file_location("solution", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["solution"] = module
-        spec.loader.exec_module(module)
-    except BaseException as e:  # SystemExit and KeyboardInterrupt too: the agent's code must not end us
-        return f"solution.py failed to import: {_solution_traceback(e, solution_dir)}"
+    module = import_solution(solution_dir)
+    if isinstance(module, str):
+        return module
     get = getattr(module, "get_trained_model", None)
     if not callable(get):
         return "solution.py does not define a function get_trained_model()"
     try:
         model = get()
     except BaseException as e:
-        return f"get_trained_model() raised {_solution_traceback(e, solution_dir)}"
+        return f"get_trained_model() raised {solution_traceback(e, solution_dir)}"
     if not isinstance(model, torch.nn.Module):
         return f"get_trained_model() returned {type(model).__name__}; it must return a torch.nn.Module"
     return model
@@ -81,7 +62,7 @@ def main() -> None:
         channel.send({"error": f"{e}. Allowed in the forward pass: {ALLOWED_SUMMARY}."})
         return
     except BaseException as e:
-        channel.send({"error": f"the forward pass raised {_solution_traceback(e, solution_dir)}"})
+        channel.send({"error": f"the forward pass raised {solution_traceback(e, solution_dir)}"})
         return
     traced = time.perf_counter()
     out = first.output

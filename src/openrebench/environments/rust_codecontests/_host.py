@@ -11,40 +11,21 @@ scorer. Nothing it says is trusted; its answers are Rust sources the scorer comp
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from openrebench.api import HostChannel
+from openrebench.api import HostChannel, import_solution
 
 MODULE = "solve_code_contests_rust"
 MAX_ANSWER = 200_000  # characters of one answer kept: a program longer than this fails to compile anyway
 
 
-def _solution_traceback(exc: BaseException, solution_dir: Path) -> str:
-    """The exception with only the frames in the agent's own files (what they need to debug)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(solution_dir))]
-    where = "".join(traceback.format_list(frames[-5:]))
-    return f"{type(exc).__name__}: {exc}" + (f"\n{where.rstrip()}" if where else "")
-
-
 def load(solution_dir: Path) -> Any:
     """The agent's module and its generate_solution, or a one-line reason it cannot be used."""
-    path = solution_dir / f"{MODULE}.py"
-    if not path.is_file():
-        return f"{MODULE}.py is missing from the workspace"
-    sys.path.insert(0, str(solution_dir))
-    try:
-        spec = importlib.util.spec_from_file_location(MODULE, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[MODULE] = module
-        spec.loader.exec_module(module)
-    except BaseException as e:  # SystemExit and KeyboardInterrupt too: the agent's code must not end us
-        return f"{MODULE}.py failed to import: {_solution_traceback(e, solution_dir)}"
+    module = import_solution(solution_dir, f"{MODULE}.py")
+    if isinstance(module, str):
+        return module
     generate = getattr(module, "generate_solution", None)
     if not callable(generate) or not asyncio.iscoroutinefunction(generate):
         return f"{MODULE}.py must define `async def generate_solution(client, semaphore, problem) -> str`"
