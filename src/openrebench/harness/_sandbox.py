@@ -197,7 +197,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
             if run is None:
                 with reporting(InspectProgress()):  # asset builds show in Inspect's footer
                     run, row = await anyio.to_thread.run_sync(
-                        lambda: start_run(config.env_id, config.tier, path,
+                        lambda: start_run(env, config.tier, path,
                                           sandboxed=backend.sandboxed_scoring, devices=devices,
                                           access=models.scoring if models else None,
                                           models=models.models if models else None))
@@ -226,8 +226,7 @@ class OpenRebenchSandbox(SandboxEnvironment):
         the run's (default: from the config, where its tier declares any), granted here."""
         backend_cls = get_backend(isolation) if isolation else resolve_isolation(config.isolation)[0]
         if models is None:
-            env = get_environment(run.info.env_id)
-            models = RunModels.for_tier(env, run.info.tier, dict(config.models), config.model_budget_usd,
+            models = RunModels.for_tier(run.env, run.info.tier, dict(config.models), config.model_budget_usd,
                                         config.model_budget_tokens)
         if models is not None and not backend_cls.serves_models:
             raise RuntimeError(f"the {backend_cls.name} sandbox cannot give a run its models")

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from openrebench.runs import Run, get_environment
+from openrebench.runs import Run
 
 from . import _score_client
 
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 def format_log(run: Run) -> str:
     """The run's scorings so far, one line each (`score log`, the score_log tool); a hidden score shows
     only as valid."""
-    env = get_environment(run.info.env_id)
+    env = run.env
     rows, _ = run.rows()
     out = []
     for r in rows:

@@ -88,7 +88,7 @@ def run_score() -> Scorer:
     async def execute(state: TaskState, target: Target) -> Score:
         box = run_sandbox()
         run = box.run
-        env = get_environment(run.info.env_id)
+        env = run.env
         rows, warnings = run.rows()
         raw, normalised = final_score(rows, env.direction, run.info.constants)
         row = final_row(rows, env.direction)

@@ -58,8 +58,9 @@ def get_environment(env: str | Environment) -> Environment:
 
 def class_path(env: str | Environment) -> str:
     """Where the environment's class lives, `module:QualName`: what a scorer process imports to load this
-    one environment alone (`by_class_path`), instead of discovering every installed one."""
-    cls = type(get_environment(env))
+    one environment alone (`by_class_path`), instead of discovering every installed one. An Environment
+    names its own class: the registry is asked only for an id."""
+    cls = type(env if isinstance(env, Environment) else get_environment(env))
     return f"{cls.__module__}:{cls.__qualname__}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import shlex
@@ -50,9 +51,16 @@ def check_new_run_dir(path: Path) -> None:
 
 
 class Run:
-    def __init__(self, path: Path, info: RunInfo) -> None:
+    """A run on disk, carrying its environment (`env`): given where the caller holds it already, else
+    found by id in the registry once."""
+
+    def __init__(self, path: Path, info: RunInfo, env: Environment | None = None) -> None:
         self.path = path
         self.info = info
+        if env is not None:
+            if env.id != info.env_id:
+                raise ValueError(f"the environment {env.id!r} is not the run's ({info.env_id!r})")
+            self.__dict__["env"] = env  # the cached property's value: no registry lookup
 
     workspace = property(lambda self: self.path / "workspace")
     protected = property(lambda self: self.path / "protected")
@@ -86,7 +94,7 @@ class Run:
         (path / LOG_FILE).touch()
         make_reserve(path / LOG_FILE)  # room for a row when the disk fills up
         (path / RUN_FILE).write_text(info.model_dump_json(indent=2) + "\n")
-        return cls(path, info)
+        return cls(path, info, env)
 
     @classmethod
     def open(cls, path: Path) -> Run:
@@ -105,9 +113,10 @@ class Run:
                 return cls(candidate, info)
         raise OpenRebenchError(f"{path} is not an openrebench run (no {RUN_FILE} here or above)")
 
-    @property
+    @functools.cached_property
     def env(self) -> Environment:
-        """The run's environment, found by id in the registry."""
+        """The run's environment, one object for the run's life: a scoring, its row and what the agent is
+        told of it all read this one, instead of each asking the registry for a new one by id."""
         from ._registry import get_environment
 
         return get_environment(self.info.env_id)

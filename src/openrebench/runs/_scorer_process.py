@@ -25,6 +25,7 @@ from openrebench.api import (
     RUN_CGROUP_ENV,
     SOLUTION_UID_ENV,
     SOLUTION_USER,
+    Environment,
     ScoreResult,
 )
 from openrebench.isolation import (
@@ -155,13 +156,18 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
     return [*(cgroup.enter_prefix() if cgroup else []), *cmd], paths
 
 
-def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeout_s: float,
+def run_scorer(env: str | Environment, tier: str, solution: Path, protected: Path, *, timeout_s: float,
                memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = (),
                access: ScoringAccess | None = None, stop: threading.Event | None = None,
                triton_cache: Path | None = None) -> ScoreResult:
     """Run the environment's scorer in a fresh process with a wall-clock and a resident-memory limit:
     in a bubblewrap sandbox with `sandboxed` (with `triton_cache` as Triton's cache), else in its own PID
-    namespace where one can be made, with what `access` adds. Any failure becomes an invalid result."""
+    namespace where one can be made, with what `access` adds. Any failure becomes an invalid result.
+
+    `env` is the environment, or its id: a scoring passes the one its run carries, so the registry is
+    asked only for an id."""
+    if isinstance(env, str):
+        env = get_environment(env)
     nonce = secrets.token_hex(16)
     limit = memory_limit_gb * 1024**3
     cgroup = None
@@ -174,22 +180,22 @@ def run_scorer(env_id: str, tier: str, solution: Path, protected: Path, *, timeo
                 _janitor.track("cgroup", d)
             with contextlib.suppress(OSError):
                 run_group = cgroup.child("run")
-        tools = [str(t) for t in get_environment(env_id).host_tools(tier)]
+        tools = [str(t) for t in env.host_tools(tier)]
         cmd, paths = _sandboxed_command(solution, protected, devices, cgroup, run_group, access, tools,
                                         triton_cache)
-        env = None
+        variables = None
     else:
         prefix = access.prefix if access else ()
         cmd = [*pid_namespace_prefix(), *prefix, sys.executable, "-P", "-m", "openrebench.runs._scorer_main"]
         paths = {"solution": str(solution), "protected": str(protected)}
-        env = _scorer_env()
+        variables = _scorer_env()
         if access and access.env:
-            env = {**(env or os.environ), **access.env}
-    config: dict[str, Any] = {"env_id": env_id, "env_class": class_path(env_id), "tier": tier, "nonce": nonce,
+            variables = {**(variables or os.environ), **access.env}
+    config: dict[str, Any] = {"env_id": env.id, "env_class": class_path(env), "tier": tier, "nonce": nonce,
                               **paths}
     try:
-        result = _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup, env=env,
-                        stop=stop)
+        result = _watch(cmd, config, solution, nonce, limit, memory_limit_gb, timeout_s, cgroup,
+                        env=variables, stop=stop)
         phases = result.details.get("harness_phases_s")
         if isinstance(phases, dict) and isinstance(config.get("launched_at"), float):
             phases["sandbox_setup"] = round(config["launched_at"] - began, 3)

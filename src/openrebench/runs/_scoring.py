@@ -14,13 +14,15 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from openrebench.api import (
     Environment,
     ScoreResult,
+    TierSpec,
 )
 from openrebench.base import OpenRebenchError
 from openrebench.isolation import (
@@ -85,34 +87,56 @@ def _protected_problem(run: Run) -> str | None:
     return None
 
 
-def _score_snapshot(run: Run, timeout_s: float | None, sandboxed: bool | None,
-                    devices: Sequence[str] | None, access: ScoringAccessFn | None = None,
-                    stop: threading.Event | None = None) -> tuple[ScoreResult, str, list[str]]:
-    env = run.env
-    tier = env.tier(run.info.tier)
+@dataclass(frozen=True)
+class ScoringContext:
+    """One scoring's inputs, gathered once and passed down whole: the run, the environment it carries,
+    its tier, the time limit, and what the caller asked for. `sandboxed` and `devices` stay as asked
+    (None: the default, resolved only once the snapshot is taken, where the scorer is started)."""
+
+    run: Run
+    env: Environment
+    spec: TierSpec[Any]
+    timeout_s: float
+    sandboxed: bool | None = None
+    devices: Sequence[str] | None = None
+    access: ScoringAccessFn | None = None
+    stop: threading.Event | None = None
+
+    @classmethod
+    def of(cls, run: Run, *, timeout_s: float | None = None, sandboxed: bool | None = None,
+           devices: Sequence[str] | None = None, access: ScoringAccessFn | None = None,
+           stop: threading.Event | None = None) -> ScoringContext:
+        """The context of a scoring of `run` (see `score_run` for the arguments): its tier is read now,
+        each scoring anew, and its environment is the run's own."""
+        env = run.env
+        spec = env.tier(run.info.tier)
+        return cls(run, env, spec, timeout_s or spec.score_timeout_s, sandboxed, devices, access, stop)
+
+
+def _score_snapshot(ctx: ScoringContext) -> tuple[ScoreResult, str, list[str]]:
+    run, spec = ctx.run, ctx.spec
     with _tracked_temp_dir("openrebench-snapshot-") as tmp:
         snapshot = Path(tmp) / "solution"
         began = time.monotonic()
         try:
-            sha, notes = snapshot_workspace(run.workspace, snapshot, int(tier.max_workspace_gb * 1024**3))
+            sha, notes = snapshot_workspace(run.workspace, snapshot, int(spec.max_workspace_gb * 1024**3))
         except OpenRebenchError as e:
             return ScoreResult.invalid(f"Invalid: {e}."), "", []
         snapshot_s = round(time.monotonic() - began, 3)
         problem = _protected_problem(run)
         if problem:
             return infrastructure_failure(problem), sha, notes
-        if sandboxed is None:
-            sandboxed = scoring_sandbox_default()
+        sandboxed = scoring_sandbox_default() if ctx.sandboxed is None else ctx.sandboxed
+        devices = ctx.devices
         if devices is None:
-            devices = all_gpu_nodes() if tier.device == "cuda" else []
-        cache = Path(tmp) / "triton-cache" if tier.triton_cache and sandboxed else None
+            devices = all_gpu_nodes() if spec.device == "cuda" else []
+        cache = Path(tmp) / "triton-cache" if spec.triton_cache and sandboxed else None
         if cache is not None:
             _kept_triton_cache(run, cache, load=True)
-        with access(run, sandboxed) if access else nullcontext(None) as given:
-            result = run_scorer(env.id, tier.name, snapshot, run.protected,
-                                timeout_s=timeout_s or tier.score_timeout_s,
-                                memory_limit_gb=tier.memory_limit_gb, sandboxed=sandboxed, devices=devices,
-                                access=given, stop=stop, triton_cache=cache)
+        with ctx.access(run, sandboxed) if ctx.access else nullcontext(None) as given:
+            result = run_scorer(ctx.env, spec.name, snapshot, run.protected, timeout_s=ctx.timeout_s,
+                                memory_limit_gb=spec.memory_limit_gb, sandboxed=sandboxed, devices=devices,
+                                access=given, stop=ctx.stop, triton_cache=cache)
             if cache is not None:
                 result.details["triton_cache"] = _kept_triton_cache(run, cache, load=False)
             phases = result.details.get("harness_phases_s")
@@ -179,6 +203,7 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
     (the run's models: see `ScoringAccess`); `refused`, why the harness may not score now (the agent
     could not be frozen, say): the row is then an infrastructure failure that says so, and nothing runs;
     `stop`, set by whoever ends the attempt meanwhile: the scorer is killed and the row says why.
+    These travel down as one `ScoringContext`, with the environment the run carries (`Run.env`).
     """
     started = time.monotonic()
     sha, notes, interrupted = "", [], None
@@ -186,7 +211,8 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
         if refused is not None:
             result = infrastructure_failure(f"scoring refused: {refused}")
         else:
-            result, sha, notes = _score_snapshot(run, timeout_s, sandboxed, devices, access, stop)
+            result, sha, notes = _score_snapshot(ScoringContext.of(
+                run, timeout_s=timeout_s, sandboxed=sandboxed, devices=devices, access=access, stop=stop))
     except BaseException as e:  # the harness's own failure: still one row
         interrupted = None if isinstance(e, Exception) else e
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)  # another run's flood, say
@@ -255,7 +281,7 @@ def start_run(env: Environment | str, tier: str, path: Path, *, seed: int | None
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    run = Run(path, run.info)
+    run = Run(path, run.info, env)
     row = score_run(run, kind="setup", charged=False, sandboxed=sandboxed, devices=devices,
                     access=access) if score_start else None
     if row is not None and drifted(env, tier, row.raw, models) and calibrate_machine(

@@ -35,7 +35,6 @@ from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSyste
 from inspect_ai.util import sample_limits, span
 
 from openrebench.api import Direction, Environment, describe_duration
-from openrebench.runs import get_environment
 
 from .._layout import WORKSPACE
 from .._limits import Limits, scaled_limits
@@ -467,7 +466,7 @@ def aide(time_limit_s: float = 3600.0, policy: Policy | None = None) -> Agent:
 
     async def execute(state: AgentState) -> AgentState:
         box = run_sandbox()
-        search = Search(box, get_environment(box.run.info.env_id), state, policy or Policy.for_time(
+        search = Search(box, box.run.env, state, policy or Policy.for_time(
             box.config.time_limit_s or time_limit_s), time_limit_s)
         try:
             await search.run()

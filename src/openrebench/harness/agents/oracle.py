@@ -10,7 +10,7 @@ from inspect_ai.agent import Agent, AgentState, agent
 from inspect_ai.model import ChatMessageAssistant
 
 from openrebench.api import Environment, file_contents
-from openrebench.runs import get_environment, run_files
+from openrebench.runs import run_files
 
 from .._sandbox import run_sandbox
 from . import AgentSpec
@@ -25,7 +25,7 @@ def oracle() -> Agent:
 
     async def execute(state: AgentState) -> AgentState:
         box = run_sandbox()
-        env = get_environment(box.run.info.env_id)
+        env = box.run.env
         for dest, data in file_contents(run_files(box.run).reference):
             await box.write_file(dest, data)
         best: float | None = None

@@ -41,7 +41,6 @@ from openrebench.isolation import (
     identities_available,
     sandbox_path,
 )
-from openrebench.runs import get_environment
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
 from ._base import MAX_OUTPUT, Backend, _read_limit, output_limit_error
@@ -94,7 +93,7 @@ class BwrapBackend(Backend):
         self.uid = allocate_uid(f"agent {a.run.path}") if identities_available() else None
         home.write_identity(self.uid if self.uid is not None else os.getuid())
         await super().start()
-        tier = get_environment(a.run.info.env_id).tier(a.run.info.tier)
+        tier = a.run.env.tier(a.run.info.tier)
         binds = [Bind(a.run.workspace, WORKSPACE, writable=True),
                  Bind(home.run_dir, HARNESS_DIR),
                  Bind(home.etc / "passwd", "/etc/passwd"),
@@ -117,7 +116,7 @@ class BwrapBackend(Backend):
                            devices=a.lease.device_nodes() if a.lease else (),
                            limits=ProcessLimits(max_processes=None, max_memory_bytes=memory),
                            tools=[str(t) for t in
-                                  get_environment(a.run.info.env_id).host_tools(a.run.info.tier)])
+                                  a.run.env.host_tools(a.run.info.tier)])
         self.machine = await Machine.start(MachineSpec(
             spec, uid=self.uid, memory_bytes=a.memory_bytes, max_pids=a.max_processes,
             cpus=a.cpus or os.cpu_count(), name="agent", services=services, cleanup=[home.root]))
