@@ -42,6 +42,9 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     # Each test has a home of its own: a machine-dependent tier would calibrate itself in every test that
     # starts a run. tests/test_self_calibration.py turns it on.
     monkeypatch.setenv("OPENREBENCH_SELF_CALIBRATION", "0")
+    # Each test is a machine of its own for calibration's lock and its registry of attempts: a test's
+    # calibration must neither freeze another test's attempt nor wait for its scorings.
+    monkeypatch.setenv("OPENREBENCH_MACHINE_DIR", str(tmp_path_factory.mktemp("machine")))
 
 
 @pytest.fixture

@@ -139,3 +139,74 @@ def test_the_fingerprint_is_stable_and_names_the_cores_and_flags() -> None:
     assert f"|{hardware.cpu_count} cores|flags " in hardware.fingerprint("cpu")
     other = hardware.model_copy(update={"cpu_flags": "x"})
     assert other.key("cpu") == hardware.key("cpu") and other.fingerprint("cpu") != hardware.fingerprint("cpu")
+
+
+
+COUNTER = """import os, sys
+i = 0
+while True:
+    i += 1
+    if i % 20000 == 0:
+        open(sys.argv[1] + ".new", "w").write(str(i))
+        os.replace(sys.argv[1] + ".new", sys.argv[1])
+"""
+
+
+def _count(out: Path) -> int:
+    return int(out.read_text() or 0)
+
+
+def test_a_calibration_has_the_machine_to_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another attempt's agent, busy on the machine, is frozen for the whole calibration (no scoring of
+    the calibration sees it move) and thawed after; a calibration waits for a scoring in flight elsewhere
+    before it begins."""
+    import subprocess
+    import sys
+
+    from openrebench.isolation import Cgroup, measurement_slot
+    from openrebench.isolation._quiet import registered
+
+    group = Cgroup.create("neighbour", memory_bytes=None, max_pids=64)
+    if group is None or not group.can_freeze:
+        pytest.skip("no cgroup freezer here")
+    out = tmp_path / "count"
+    proc = subprocess.Popen([*group.enter_prefix(), sys.executable, "-c", COUNTER, str(out)])
+    seen: list[tuple[int, int]] = []
+    events: list[str] = []
+
+    def fake_scoring(run: Run, **kw: Any) -> SimpleNamespace:
+        before = _count(out)
+        threading.Event().wait(0.3)
+        seen.append((before, _count(out)))
+        return SimpleNamespace(raw=2.0 if run.path.name == "reference" else 4.5, message="fixed")
+
+    monkeypatch.setattr(scoring, "score_run", fake_scoring)
+    elsewhere = threading.Event()
+
+    def other_scoring() -> None:  # another run's scoring, in flight when the calibration asks
+        with measurement_slot():
+            events.append("scoring began")
+            elsewhere.set()
+            threading.Event().wait(0.5)
+            events.append("scoring ended")
+
+    try:
+        while not out.exists():
+            threading.Event().wait(0.05)
+        with registered(group.dirs):
+            thread = threading.Thread(target=other_scoring)
+            thread.start()
+            elsewhere.wait(10)
+            record = scoring.calibrate_environment(ENV, TIER, 2, command="test", probe_repeats=0,
+                                                   on_progress=lambda *a: events.append("calibration"))
+            thread.join()
+        moving = _count(out)
+        threading.Event().wait(0.5)
+        assert _count(out) > moving  # thawed after
+    finally:
+        proc.kill()
+        proc.wait()
+        group.close()
+    assert events[:2] == ["scoring began", "scoring ended"] and events[2:] == ["calibration"] * 4
+    assert len(seen) == 4 and all(before == after for before, after in seen), seen  # frozen throughout
+    assert record.start.median == 4.5 and record.reference.median == 2.0

@@ -42,7 +42,7 @@ from pydantic import BaseModel, field_validator
 
 from openrebench.api import reporting
 from openrebench.gateway import SOCKET_NAME, install_forwarder
-from openrebench.isolation import Cgroup, GpuLease, SandboxDied
+from openrebench.isolation import Cgroup, GpuLease, SandboxDied, acquire_slot, held_slot
 from openrebench.runs import Run, ScoreRow, get_environment, score_run, start_run
 
 from ._attempt import AttemptRecord, claimed, continuable, current_epoch
@@ -355,22 +355,29 @@ class OpenRebenchSandbox(SandboxEnvironment):
         scores unfrozen."""
         elapsed = self.working_time_s()
         async with self._score_lock:
-            devices = self.lease.device_nodes() if self.lease else None
-            frozen = await anyio.to_thread.run_sync(self.backend.freeze, True)
-            try:
-                refused = None
-                if not frozen and self.backend.isolating:
-                    refused = ("the agent's processes could not be frozen for the scoring (" + (
-                        "no cgroup freezer here: run as root, or in a delegated cgroup v2 subtree"
-                        if frozen is None else "the freezer failed") + ")")
-                    logger.warning("%s: %s", self.run.path, refused)
-                access = self.models.scoring if self.models else None
-                return await anyio.to_thread.run_sync(lambda: score_run(
-                    self.run, elapsed_s=elapsed, sandboxed=self.backend.sandboxed_scoring, devices=devices,
-                    access=access, refused=refused, stop=self._ending))
-            finally:
-                if frozen and await anyio.to_thread.run_sync(self.backend.freeze, False) is False:
-                    logger.warning("the agent's processes of %s could not be thawed", self.run.path)
+            # The machine's measurement lock before the freeze, until after the thaw: a calibration of the
+            # machine (which freezes every attempt itself) never runs between them.
+            slot = await anyio.to_thread.run_sync(acquire_slot)
+            with held_slot(slot):
+                return await self._score_frozen(elapsed)
+
+    async def _score_frozen(self, elapsed: float | None) -> ScoreRow:
+        devices = self.lease.device_nodes() if self.lease else None
+        frozen = await anyio.to_thread.run_sync(self.backend.freeze, True)
+        try:
+            refused = None
+            if not frozen and self.backend.isolating:
+                refused = ("the agent's processes could not be frozen for the scoring (" + (
+                    "no cgroup freezer here: run as root, or in a delegated cgroup v2 subtree"
+                    if frozen is None else "the freezer failed") + ")")
+                logger.warning("%s: %s", self.run.path, refused)
+            access = self.models.scoring if self.models else None
+            return await anyio.to_thread.run_sync(lambda: score_run(
+                self.run, elapsed_s=elapsed, sandboxed=self.backend.sandboxed_scoring, devices=devices,
+                access=access, refused=refused, stop=self._ending))
+        finally:
+            if frozen and await anyio.to_thread.run_sync(self.backend.freeze, False) is False:
+                logger.warning("the agent's processes of %s could not be thawed", self.run.path)
 
     def describe(self, row: ScoreRow) -> str:
         return self.run.describe(row, self.config.time_limit_s)

@@ -22,6 +22,7 @@ from ._identity import allocate_uid, identities_available, identity_files
 from ._janitor import janitor_pid, process_alive
 from ._machine import Machine, MachineSpec, OutputLimitExceeded, SandboxDied
 from ._namespace import pid_namespace_prefix
+from ._quiet import acquire_slot, held_slot, measurement_slot, quiet_machine
 
 __all__ = [
     "SANDBOX_UID",
@@ -35,19 +36,23 @@ __all__ = [
     "ProcessLimits",
     "SandboxDied",
     "SandboxSpec",
+    "acquire_slot",
     "all_gpu_nodes",
     "allocate_uid",
     "bwrap_binary",
     "bwrap_command",
     "bwrap_usable",
     "forget_plugins",
+    "held_slot",
     "identities_available",
     "identity_files",
     "janitor_pid",
+    "measurement_slot",
     "pid_namespace_prefix",
     "plugin_code",
     "plugin_folders",
     "process_alive",
+    "quiet_machine",
     "sandbox_path",
     "visible_gpus",
 ]

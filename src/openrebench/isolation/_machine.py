@@ -39,6 +39,7 @@ from pathlib import Path
 from . import _janitor
 from ._bwrap import PRIVATE_DIR, Bind, SandboxSpec, bwrap_command
 from ._cgroup import Cgroup
+from ._quiet import registered
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,10 @@ class Machine:
         self._frozen_since: float | None = None
         self._frozen_total = 0.0
         self._stopped = False
+        # Known to a calibration on this machine (`_quiet`), which freezes the agent while it measures.
+        self._registration = contextlib.ExitStack()
+        if agent is not None:
+            self._registration.enter_context(registered(agent.dirs))
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @classmethod
@@ -278,6 +283,7 @@ class Machine:
         await asyncio.get_running_loop().run_in_executor(None, self._teardown)
 
     def _teardown(self) -> None:
+        self._registration.close()
         self._kill()
         for group in (self.agent_group, self.group):
             if group is not None:

@@ -28,6 +28,8 @@ from openrebench.base import OpenRebenchError
 from openrebench.isolation import (
     _janitor,
     all_gpu_nodes,
+    measurement_slot,
+    quiet_machine,
 )
 
 from ._calibration import (
@@ -211,8 +213,9 @@ def score_run(run: Run, *, kind: Literal["setup", "score", "calibration"] = "sco
         if refused is not None:
             result = infrastructure_failure(f"scoring refused: {refused}")
         else:
-            result, sha, notes = _score_snapshot(ScoringContext.of(
-                run, timeout_s=timeout_s, sandboxed=sandboxed, devices=devices, access=access, stop=stop))
+            with measurement_slot():  # no calibration of the machine meanwhile (isolation._quiet)
+                result, sha, notes = _score_snapshot(ScoringContext.of(
+                    run, timeout_s=timeout_s, sandboxed=sandboxed, devices=devices, access=access, stop=stop))
     except BaseException as e:  # the harness's own failure: still one row
         interrupted = None if isinstance(e, Exception) else e
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)  # another run's flood, say
@@ -303,7 +306,9 @@ def calibrate_environment(env: Environment | str, tier: str, repeats: int, *, co
     models, for environments that call one while scoring: see `score_run`)."""
     env = get_environment(env)
     env.tier(tier)
-    with tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp, bootstrapping():
+    # The machine to itself: no scoring anywhere on it meanwhile, every attempt's agent frozen.
+    with (tempfile.TemporaryDirectory(prefix="openrebench-calibrate-") as tmp, bootstrapping(),
+          quiet_machine()):
         runs: dict[str, Run] = {}
         probes = env.probes(tier, default_cache_dir()) if probe_repeats else {}
 
