@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from chat_rl_support import echo_judge_server
 from openrebench.api import cache_dir
-from openrebench.environments.chat_rl import _assets, chat_lm
+from openrebench.environments.chat_rl import _assets, _judged, chat_lm
 from openrebench.environments.chat_rl.env import ChatRL
 from openrebench.lm import assets_root, load_manifest
 from openrebench.runs import ScoringAccess
@@ -154,7 +154,7 @@ def main() -> None:
                 script = _assets.HERE / ("starting" if which == "start" else which) / "rl_finetune.py"
                 shutil.rmtree(runs / which, ignore_errors=True)
                 started = time.monotonic()
-                summary = _assets.run_pipeline(spec, built, script, pipeline, access, runs / which)
+                summary = _judged.run_pipeline(spec, built, script, pipeline, access, runs / which)
                 pipelines[which] = {"seconds": round(time.monotonic() - started, 1), "summary": summary,
                                     "pipeline": pipeline.model_dump(),
                                     "judge_comparisons": comparisons(pipeline)}

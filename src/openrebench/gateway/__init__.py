@@ -35,7 +35,9 @@ from ._forwarder import exec_prefix, forwarder_command, install_forwarder
 from ._inspect import InspectBackend
 from ._local import INSPECT_MODEL as LOCAL_INSPECT_MODEL
 from ._local import MODEL_NAME as LOCAL_MODEL_NAME
-from ._local import LocalEndpoint, LocalModelServer, local_model_path, shared_local_server
+from ._local import LocalModelServer
+from ._local_file import local_model_path
+from ._local_share import LocalEndpoint, shared_local_server
 from ._prices import LIST_PRICES, LOCAL_PROVIDERS, PRICES_DATE, find_price, load_prices
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 from ._service import SOCKET_NAME, USAGE_LOG, ModelService, model_service

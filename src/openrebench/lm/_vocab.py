@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ._assets import Deadline, assets_root, cached_build
-from ._corpus import SPLITS, Corpus
+from ._corpus import Corpus
+from ._corpus_text import SPLITS
 
 BUILDER_VERSION = "1"
 

@@ -5,28 +5,25 @@ the tier names one, else a GPT trained here on the tier's corpus), the instructi
 demonstrations, held-out prompts), the SFT reference model (the base finetuned on the demonstrations)
 and both reference models' answers to the held-out prompts;
 
-with the judge (`build_with_judge`, through the run's model access): the starting model (the starting
-pipeline run on the base model against the judge), the reference model (the reference pipeline), and,
-for the likelihood judge, its scores of the reference answers. These are keyed by the judge model.
+with the judge (`build_with_judge` in `_judged.py`, through the run's model access): the starting model
+(the starting pipeline run on the base model against the judge), the reference model (the reference
+pipeline), and, for the likelihood judge, its scores of the reference answers. These are keyed by the
+judge model.
+
+The calibration's probes (models that answer without reading the question) are built in `_probes.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrebench.api import ModelAccess, OpenRebenchError, TierSpec, stage
+from openrebench.api import OpenRebenchError, TierSpec, stage
 from openrebench.lm import (
     GPTConfig,
     TrainConfig,
@@ -40,7 +37,7 @@ from openrebench.lm import (
 )
 
 from . import chat_lm
-from .params import ChatRLParams, Pipeline
+from .params import ChatRLParams
 
 HERE = Path(__file__).parent
 BUILDER_VERSION = "1"
@@ -55,10 +52,6 @@ class Built:
     data: Path
     sft: Path
     answers: Path
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def settings(p: ChatRLParams) -> dict[str, Any]:
@@ -378,13 +371,6 @@ def build(spec: TierSpec[ChatRLParams], cache_dir: Path) -> Built:
     return Built(**built)
 
 
-# -- with the judge -------------------------------------------------------------------------------------
-
-
-def judged_dir(spec: TierSpec[ChatRLParams], cache_dir: Path, judge: str) -> Path:
-    return assets_root(cache_dir) / f"chatrl-{spec.name}-judged-{_slug(judge)}"
-
-
 def workspace_files(built: Built) -> list[tuple[Path, str]]:
     """(source, destination) of the workspace's shared files: what a pipeline run needs."""
     return [
@@ -393,220 +379,3 @@ def workspace_files(built: Built) -> list[tuple[Path, str]]:
         (built.data / "train.jsonl", "prompts.jsonl"),
         *((HERE / f, f) for f in SHARED),
     ]
-
-
-def run_pipeline(
-    spec: TierSpec[ChatRLParams],
-    built: Built,
-    script: Path,
-    pipeline: Pipeline,
-    access: ModelAccess,
-    out: Path,
-) -> dict[str, Any]:
-    """Run an RL pipeline (`script`, as its workspace would) in a scratch workspace, its model calls
-    through `access`; its model lands in `out`. Returns what it printed last (its summary, JSON)."""
-    with tempfile.TemporaryDirectory(prefix="openrebench-chatrl-") as tmp:
-        work = Path(tmp)
-        for source, dest in workspace_files(built):
-            (shutil.copytree if source.is_dir() else shutil.copy)(source, work / dest)
-        (work / "settings.json").write_text(json.dumps(settings(spec.params)) + "\n")
-        shutil.copy(script, work / "rl_finetune.py")
-        args = [
-            "--prompts",
-            str(pipeline.prompts),
-            "--samples",
-            str(pipeline.samples),
-            "--rounds",
-            str(pipeline.rounds),
-            "--steps",
-            str(pipeline.steps),
-            "--lr",
-            str(pipeline.learning_rate),
-            "--temperature",
-            str(pipeline.temperature),
-            "--device",
-            spec.params.device,
-            "--out",
-            "model",
-        ] + (["--mask-prompt"] if pipeline.mask_prompt else [])
-        command = [*access.prefix, sys.executable, "rl_finetune.py", *args]
-        result = subprocess.run(
-            command,
-            cwd=work,
-            env={**os.environ, **access.env},
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
-        if result.returncode != 0 or not (work / "model" / chat_lm.WEIGHTS).is_file():
-            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-            raise OpenRebenchError(
-                f"chat_rl: {script.parent.name}/rl_finetune.py failed (exit "
-                f"{result.returncode}): {' | '.join(tail)[-400:]}"
-            )
-        shutil.copytree(work / "model", out)
-        lines = [x for x in result.stdout.splitlines() if x.startswith("{")]
-        return json.loads(lines[-1]) if lines else {}
-
-
-def build_with_judge(spec: TierSpec[ChatRLParams], cache_dir: Path, access: ModelAccess) -> Path:
-    """The starting and reference models trained against the run's judge, and the judge's scores of
-    the reference answers (likelihood judge), in `judged_dir(...)`."""
-    p = spec.params
-    built = build(spec, cache_dir)
-    judge = str(access.models.get("judge") or "")
-    if not judge:
-        raise OpenRebenchError("chat_rl needs a judge model (the role 'judge')")
-    folder = judged_dir(spec, cache_dir, judge)
-
-    def make(partial: Path, deadline: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        stats: dict[str, Any] = {}
-        done = partial / "work" / "done.json"  # an interrupted build goes on after the last step done
-        if done.is_file():
-            stats = json.loads(done.read_text())
-        for which, pipeline in (("start", p.start), ("reference", p.reference)):
-            if which in stats and (partial / which / chat_lm.WEIGHTS).is_file():
-                continue
-            shutil.rmtree(partial / which, ignore_errors=True)
-            with stage(f"the {which} pipeline against {judge}"):
-                stats[which] = run_pipeline(
-                    spec,
-                    built,
-                    HERE / ("starting" if which == "start" else which) / "rl_finetune.py",
-                    pipeline,
-                    access,
-                    partial / which,
-                )
-            done.write_text(json.dumps(stats))
-        if p.judge_method == "likelihood":
-            with stage(f"{judge}'s scores of the reference answers"):
-                stats["scores"] = _reference_scores(built, access, partial / "scores.json", p.judge_workers)
-        return {"judge": judge}, stats
-
-    scripts = {name: _digest(HERE / name / "rl_finetune.py") for name in ("starting", "reference")}
-    cached_build(
-        folder,
-        what=f"chatrl:{spec.name}-judged",
-        builder_version=BUILDER_VERSION,
-        seed=0,
-        params={
-            "judge": judge,
-            "answers": _manifest_key(built.answers),
-            "start": p.start.model_dump(),
-            "reference": p.reference.model_dump(),
-            "scripts": scripts,
-            "shared": {f: _digest(HERE / f) for f in SHARED},
-        },
-        build=make,
-        label=f"chat_rl: the models trained against {judge}",
-    )
-    return folder
-
-
-def _digest(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _reference_scores(built: Built, access: ModelAccess, out: Path, workers: int) -> dict[str, Any]:
-    """The likelihood judge's scores of both reference models' held-out answers, by a child process
-    started through `access` (the judge is reached from there)."""
-    result = subprocess.run(
-        [
-            *access.prefix,
-            sys.executable,
-            "-m",
-            "openrebench.environments.chat_rl._judge_answers",
-            str(built.answers / "heldout.jsonl"),
-            str(out),
-            str(workers),
-        ],
-        env={**os.environ, **access.env},
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
-        tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise OpenRebenchError(f"chat_rl: the judge could not score the reference answers: {tail[0][:300]}")
-    scores = json.loads(out.read_text())
-    failed = {k: sum(v is None for v in scores[k]) for k in ("base", "sft")}
-    if any(failed.values()):
-        raise OpenRebenchError(f"chat_rl: the judge failed on some reference answers ({failed})")
-    return {"failed": failed}
-
-
-# -- probes: models that answer without reading the question --------------------------------------------
-
-_LONG = ("It is a common and well known thing that many people use or see in their daily life, and most "
-         "of them know what it is and what it is for. ")
-PROBES: dict[str, str] = {
-    "one fixed sentence": "one sentence for every instruction",
-    "a template per kind": "one sentence per kind of instruction (definition, part of speech, chat)",
-    "the instruction copied": "the instruction, word for word",
-    "empty": "nothing (the end token at once)",
-    "very long": "a long paragraph that fits any question, until the token limit",
-    "keyword stuffing": "the commonest English words, over and over",
-}
-"""The question-independent policies `openrebench calibrate chat_rl` scores (invariant 4: none may come
-near the start). Each is learned by the base model from the training prompts, as an agent would teach it."""
-
-
-PROBE_LR = 1e-3  # a fixed answer is quickly learned
-
-
-def probe_answer(name: str, instruction: str) -> str:
-    """What the probe `name` answers to `instruction` (the instruction is read only to copy it, or to
-    tell its kind)."""
-    from . import data
-
-    if name == "one fixed sentence":
-        return "It is a very good question, and the answer is simple."
-    if name == "a template per kind":
-        kind = data.family_of(instruction)
-        return {"define": "A person or thing that is used for a purpose.",
-                "part": "It is a noun.", "chat": "Yes, I think so too."}[kind]
-    if name == "the instruction copied":
-        return instruction
-    if name == "empty":
-        return ""
-    if name == "very long":
-        return _LONG * 4
-    if name == "keyword stuffing":
-        return "the of and a to in is it that was for on are with as " * 3
-    raise KeyError(name)
-
-
-def build_probe(spec: TierSpec[ChatRLParams], cache_dir: Path, name: str) -> Path:
-    """The base model finetuned to answer every training prompt as the probe `name` does (cached)."""
-    p = spec.params
-    built = build(spec, cache_dir)
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    folder = assets_root(cache_dir) / f"chatrl-{spec.name}-probe-{slug}"
-
-    def make(partial: Path, deadline: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        import torch
-
-        torch.manual_seed(0)
-        model = chat_lm.load_model(built.base, p.device)
-        prompts = [r["instruction"] for r in chat_lm.read_jsonl(built.data / "train.jsonl")]
-        with stage(f"teaching the base model the probe '{name}' ({p.probe_steps} steps)"):
-            losses = chat_lm.finetune(model, chat_lm.ChatTokenizer(built.tokenizer),
-                                      [(q, probe_answer(name, q)) for q in prompts], steps=p.probe_steps,
-                                      batch_size=16, learning_rate=PROBE_LR, mask_prompt=True, seed=0)
-        chat_lm.save_model(model.cpu(), partial)
-        return {}, {"last_loss": sum(losses[-10:]) / len(losses[-10:])}
-
-    cached_build(
-        folder,
-        what=f"chatrl:{spec.name}-probe",
-        builder_version=BUILDER_VERSION,
-        seed=0,
-        params={"probe": name, "answer": probe_answer(name, "Define the word \"probe\"."),
-                "base": _manifest_key(built.base), "data": _manifest_key(built.data), "steps": p.probe_steps},
-        build=make,
-        label=f"chat_rl: the probe '{name}'",
-    )
-    return folder
-

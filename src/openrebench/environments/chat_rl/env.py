@@ -157,7 +157,7 @@ class ChatRL(Environment[ChatRLParams]):
         build(self.tier(tier), cache_dir)
 
     def build_with_models(self, tier: str, cache_dir: Path, access: ModelAccess) -> None:
-        from ._assets import build_with_judge
+        from ._judged import build_with_judge
 
         build_with_judge(self.tier(tier), cache_dir, access)
 
@@ -188,7 +188,7 @@ class ChatRL(Environment[ChatRLParams]):
         run's judge; the judge's scores of the reference answers for the scorer."""
         from openrebench.api import OpenRebenchError
 
-        from ._assets import judged_dir
+        from ._judged import judged_dir
 
         spec = self.tier(tier)
         folder = judged_dir(spec, cache_dir, models.get("judge", ""))
@@ -209,8 +209,8 @@ class ChatRL(Environment[ChatRLParams]):
         )
 
     def probes(self, tier: str, cache_dir: Path) -> dict[str, list[Placement]]:
-        """Models that answer every question the same way (or copy it): `_assets.PROBES`."""
-        from ._assets import PROBES, build_probe
+        """Models that answer every question the same way (or copy it): `_probes.PROBES`."""
+        from ._probes import PROBES, build_probe
 
         spec = self.tier(tier)
         if spec.params.data != "dictionary":

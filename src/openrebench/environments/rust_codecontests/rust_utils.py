@@ -7,11 +7,10 @@ it ends or runs out of time (with whatever it forked and moved out of the group 
 pipes), with an environment of PATH (and TMPDIR for rustc) and nothing else of the caller's, so no
 keys; stdin from us, stdout capped, rlimits set in the child. Reading the held-out file is what `prefix`
 is for: the scorer passes a `setpriv` command that drops to an unprivileged uid, so neither
-`include_str!` at compile time nor the program at run time can open a root-only file. With `cgroup` (the
-scorer's: an object with `child(name)`, `enter_prefix()` and `close()`), each test's program runs in a
-cgroup of its own, killed whole when the test ends: a process it forked, moved to a session of its own and
-detached from our pipes does not outlive its test either. Without one, that process is left to the
-sandbox around it, as is rustc's memory (capped only loosely, COMPILE_DATA_BYTES).
+`include_str!` at compile time nor the program at run time can open a root-only file. The scorer also
+runs each test's program in a cgroup of its own (`evaluate_program`'s `run`); here, a process a program
+forked, moved to a session of its own and detached from our pipes is left to the sandbox around it, as is
+rustc's memory (capped only loosely, COMPILE_DATA_BYTES).
 
 Verdicts follow contest judges: stdout compared after trimming (`outputs_match`), a non-zero exit is a
 runtime error even when the output is right, and the wall-clock limit is the problem's time limit.
@@ -22,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import math
 import os
 import re
@@ -31,7 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,31 +233,14 @@ def _kill_pipe_holders(inodes: set[int]) -> None:
                         os.kill(int(entry.name), signal.SIGKILL)
 
 
-_GROUP_IDS = itertools.count()
-
-
-def _own_group(cgroup: Any) -> Any:
-    """A fresh sub-group of `cgroup` for one command, or None (no cgroup given, or none can be made)."""
-    if cgroup is None:
-        return None
-    try:
-        return cgroup.child(f"cmd-{os.getpid()}-{next(_GROUP_IDS)}")
-    except OSError:
-        return None
-
-
 async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: float, limits: dict[int, int],
-                       env: dict[str, str], cwd: Path, stdout_limit: int, cgroup: Any = None) -> _Finished:
+                       env: dict[str, str], cwd: Path, stdout_limit: int) -> _Finished:
     """Run argv in a new session under `limits`, feeding stdin while reading stdout (at most stdout_limit
     bytes: one more and the group is killed) and the head of stderr. The group is killed at timeout_s,
-    and also as soon as the command ends: nothing it started outlives it, nor keeps our pipes open. With
-    `cgroup`, the command runs in a sub-group of it, killed whole at the end (what left the session and
-    closed our pipes included). stdout and stderr are our own pipes (not asyncio's PIPE) so that we know
-    their inodes, and so that wait() means the process's exit on every Python version."""
+    and also as soon as the command ends: nothing it started outlives it, nor keeps our pipes open. stdout
+    and stderr are our own pipes (not asyncio's PIPE) so that we know their inodes, and so that wait()
+    means the process's exit on every Python version."""
     loop = asyncio.get_running_loop()
-    group = _own_group(cgroup)
-    if group is not None:
-        argv = [*group.enter_prefix(), *argv]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     inodes = {os.fstat(out_r).st_ino, os.fstat(err_r).st_ino}
@@ -273,8 +254,6 @@ async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: f
     except BaseException:
         os.close(out_r)
         os.close(err_r)
-        if group is not None:
-            group.close()
         raise
     finally:
         os.close(out_w)
@@ -329,8 +308,6 @@ async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: f
         for task in tasks:
             task.cancel()
         _killpg(proc.pid)
-        if group is not None:
-            await loop.run_in_executor(None, group.close)
         for transport in transports:
             transport.close()
     return _Finished(
@@ -421,7 +398,7 @@ class TestOutcome:
 async def run_test(binary: Path, input_text: str, expected: str, *, timeout_s: float, memory_bytes: int,
                    prefix: Sequence[str] = (), nproc: int | None = None, fsize_bytes: int = 0,
                    nofile: int = 64, stack_bytes: int = 64 << 20, output_limit_bytes: int = 16 << 20,
-                   cwd: Path | None = None, cgroup: Any = None) -> TestOutcome:
+                   cwd: Path | None = None) -> TestOutcome:
     """Run `binary` on one test and judge it.
 
     Limits, set in the child before exec (through `prefix`, which execs the program): address space
@@ -445,7 +422,7 @@ async def run_test(binary: Path, input_text: str, expected: str, *, timeout_s: f
     try:
         done = await _run_limited([*prefix, str(binary)], stdin=input_text.encode("utf-8"),
                                   timeout_s=timeout_s, limits=limits, env={"PATH": RUN_PATH},
-                                  cwd=cwd or binary.parent, stdout_limit=output_limit_bytes, cgroup=cgroup)
+                                  cwd=cwd or binary.parent, stdout_limit=output_limit_bytes)
     except OSError as e:
         return TestOutcome("runtime_error", 0.0, None, f"could not start the program: {e}")
     stderr = done.stderr.decode("utf-8", "replace")
@@ -502,11 +479,12 @@ class ProgramResult:
 async def evaluate_program(source: str, tests: Sequence[tuple[str, str]], *, workdir: Path,
                            time_limit_s: float, memory_bytes: int, compile_timeout_s: float = 30,
                            prefix: Sequence[str] = (), stop_on_failure: bool = True, rustc: str | None = None,
-                           cgroup: Any = None) -> ProgramResult:
+                           run: Callable[..., Awaitable[TestOutcome]] = run_test) -> ProgramResult:
     """Compile `source` as given (call extract_rust first on a model's reply) in workdir and run it on
     (input, expected output) tests in order, each with run_test's limits; the first failure ends it
     when stop_on_failure. Safe to run many at once under asyncio.gather, each in its own workdir.
-    A source without `fn main(` fails as a compile error without running rustc. `cgroup`: see run_test.
+    A source without `fn main(` fails as a compile error without running rustc. `run` runs each test in
+    run_test's place, with its arguments (the scorer's puts the program in a cgroup of its own).
     """
     total = len(tests)
     if not _MAIN.search(source):
@@ -518,8 +496,8 @@ async def evaluate_program(source: str, tests: Sequence[tuple[str, str]], *, wor
                              round(compiled.seconds, 3))
     result = ProgramResult(True, 0, total, False, None, None, "", round(compiled.seconds, 3))
     for i, (input_text, expected) in enumerate(tests, 1):
-        outcome = await run_test(compiled.binary, input_text, expected, timeout_s=time_limit_s,
-                                 memory_bytes=memory_bytes, prefix=prefix, cwd=workdir, cgroup=cgroup)
+        outcome = await run(compiled.binary, input_text, expected, timeout_s=time_limit_s,
+                            memory_bytes=memory_bytes, prefix=prefix, cwd=workdir)
         result.outcomes.append(outcome)
         if outcome.passed:
             result.passed += 1

@@ -42,7 +42,7 @@ from openrebench.api import (
     solution_uid,
 )
 
-from . import rust_utils
+from . import _test_cgroups, rust_utils
 from .params import RustCodecontestsParams
 from .problems import public_view, read_jsonl
 
@@ -158,7 +158,7 @@ async def _judge(source: str, problem: dict[str, Any], params: RustCodecontestsP
         try:
             if prefix and (uid := solution_uid()) is not None:
                 os.chown(workdir, uid, uid)
-            result = await rust_utils.evaluate_program(
+            result = await _test_cgroups.evaluate_program(
                 source, rust_utils.problem_tests(problem), workdir=workdir,
                 time_limit_s=float(problem["time_limit_s"]), memory_bytes=int(problem["memory_limit_bytes"]),
                 compile_timeout_s=params.compile_timeout_s, prefix=prefix, cgroup=group)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 
-from ..problems import BIG, LIST_IO, WORD_IO, _edge, _family, _join, _list, _list_input, _num, _word, _yes
+from .. import _valid_families  # noqa: F401  (registers the validation families first)
+from .._family_kit import BIG, LIST_IO, WORD_IO, _edge, _family, _join, _list, _list_input, _num, _word, _yes
 
 
 @_family("product", "test", """
