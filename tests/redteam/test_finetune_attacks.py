@@ -160,7 +160,7 @@ POISON = textwrap.dedent("""\
 @pytest.mark.attack(env=ENV, cls="poisoned reference run", invariant=1)
 def test_compiler_caches_poisoned_before_the_reference_run(tmp_path: Path) -> None:
     """Leave entries in the Triton and TorchInductor caches for the trusted reference run."""
-    r = _score(tmp_path, POISON)  # /dev/shm: tests/test_optimize_finetune.py, in the scoring sandbox
+    r = _score(tmp_path, POISON)  # /dev/shm: see test_optimize_finetune.py, in the scoring sandbox
     assert not _reached_reference(r), f"attack works: {r.details.get('reference_tail', r.message)[:200]}"
 
 

@@ -4,7 +4,7 @@ and the forwarder's address in OPENAI_BASE_URL: spending past the budget without
 and grants it was not given, the harness's keys, the usage log, the gateway's memory and connections,
 and the local model server. Each test asserts the defended behaviour: a failing one means the attack
 works. Most use the gateway with fake backends (fast); the sandbox ones the toy `judge` environment of
-tests/test_gateway_sandbox.py in a real bwrap sandbox."""
+tests/gateway/test_gateway_sandbox.py in a real bwrap sandbox."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import openai
 import pytest
+from test_gateway import PRICE, FakeBackend, Hangs, _aclient, _client, _grant, _rows, backend, gw  # noqa: F401
+from test_gateway_sandbox import installed, needs_bwrap, open_box, secrets_in_harness  # noqa: F401
 
 from openrebench.gateway import Budget, Gateway, InspectBackend, RoleModel
 from openrebench.gateway._server import MAX_CHOICES
-from test_gateway import PRICE, FakeBackend, Hangs, _aclient, _client, _grant, _rows, backend, gw  # noqa: F401
-from test_gateway_sandbox import installed, needs_bwrap, open_box, secrets_in_harness  # noqa: F401
 
 attack = pytest.mark.attack
 

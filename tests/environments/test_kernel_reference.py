@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 import torch
 
-ENV_DIR = Path(__file__).resolve().parents[1] / "src" / "openrebench" / "environments" / "optimize_kernel"
+ENV_DIR = Path(__file__).resolve().parents[2] / "src" / "openrebench" / "environments" / "optimize_kernel"
 REFERENCE = ENV_DIR / "reference" / "solution.py"
 STARTING = ENV_DIR / "starting" / "solution.py"
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import openai
 import pytest
-
-from openrebench.gateway import Budget, Gateway, OpenAICompatibleBackend, RoleModel
 from test_gateway import PRICE, FakeBackend, _client, _rows, backend, gw  # noqa: F401
 from test_gateway_streaming import WORDS, SlowUpstream, _settled, serving
+
+from openrebench.gateway import Budget, Gateway, OpenAICompatibleBackend, RoleModel
 
 ADD = {"type": "function", "name": "add", "description": "adds",
        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}

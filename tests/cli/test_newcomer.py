@@ -208,7 +208,7 @@ def test_every_command_the_instructions_name_works_in_the_agent_sandbox(
     from openrebench.api import ScoreResult
     from openrebench.harness._sandbox import OpenRebenchSandbox, SandboxConfig
 
-    # The scorer itself is another test's business (tests/test_sandbox.py): here a quick stand-in, so
+    # The scorer itself is another test's business (tests/harness/test_sandbox.py): here a quick stand-in, so
     # that `score` is tested from the command through the harness's socket to the score log.
     monkeypatch.setattr(scoring, "run_scorer", lambda *a, **k: ScoreResult(raw=1.0, message="Valid: quick"))
 

@@ -23,7 +23,7 @@ import pytest
 import rust_support
 from rust_support import SETPRIV, needs_root, open_dir
 
-SOURCE = (Path(__file__).parents[1] / "src" / "openrebench" / "environments" / "rust_codecontests"
+SOURCE = (Path(__file__).parents[2] / "src" / "openrebench" / "environments" / "rust_codecontests"
           / "rust_utils.py")
 _spec = importlib.util.spec_from_file_location("rust_codecontests_utils", SOURCE)
 assert _spec is not None and _spec.loader is not None

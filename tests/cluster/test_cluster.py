@@ -53,7 +53,7 @@ from openrebench.cluster import (
 )
 from openrebench.runs import refresh
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # tests/: the support modules
 NODES = {"head": (4, 0, 32), "n1": (8, 1, 32), "n2": (16, 2, 64)}  # CPUs, GPUs, GiB of memory
 
 

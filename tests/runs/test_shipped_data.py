@@ -20,7 +20,7 @@ from openrebench.environments.scaling_law import _assets, _shipped
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path
 from openrebench.runs import CalibrationRecord, calibrate, find_record, get_environment
 
-REFERENCE_ANSWER = Path(__file__).parent / "data" / "scaling_law" / "reference_answer_mini.json"
+REFERENCE_ANSWER = Path(__file__).parents[1] / "data" / "scaling_law" / "reference_answer_mini.json"
 UNWRITABLE = Path("/proc/self/openrebench-environment")  # not even root can make a folder here
 
 

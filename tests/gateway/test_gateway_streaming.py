@@ -20,11 +20,11 @@ from typing import Any
 import openai
 import pytest
 from aiohttp import web
+from test_gateway import PRICE, FakeBackend, _client, _rows, backend, gw  # noqa: F401
 
 from openrebench.gateway import Budget, Gateway, InspectBackend, OpenAICompatibleBackend, RoleModel
 from openrebench.gateway._likelihood import Likelihood, LocalModelBackend
 from openrebench.gateway._streaming import StreamFormatError, sse_data
-from test_gateway import PRICE, FakeBackend, _client, _rows, backend, gw  # noqa: F401
 
 WORDS = ["one", " two", " three", " four", " five", " six"]
 TOOL = {"type": "function", "function": {"name": "add", "description": "adds", "parameters": {

@@ -238,7 +238,7 @@ def test_a_failing_eval_exits_1_lists_the_failure_and_a_working_view_command(tmp
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_view_runs_the_venv_inspect_on_logs_demo() -> None:
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     for extra, log_dir in (([], "logs/demo"), (["LOG_DIR=logs/x"], "logs/x")):
         out = subprocess.run(["make", "-n", "view", *extra], capture_output=True, text=True, cwd=root).stdout
         assert f".venv/bin/inspect view --log-dir {log_dir}" in out

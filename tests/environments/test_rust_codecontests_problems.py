@@ -19,7 +19,7 @@ import pytest
 from openrebench.api import OpenRebenchError
 from openrebench.environments.rust_codecontests import problems
 
-FIXTURE = Path(__file__).parent / "data" / "codecontests_fixture.jsonl"
+FIXTURE = Path(__file__).parents[1] / "data" / "codecontests_fixture.jsonl"
 SEEDS = (0, 1, 2, 17)
 GROUPS = ("public_tests", "private_tests", "generated_tests")
 BIG = 10**9

@@ -36,7 +36,7 @@ ENV = get_environment("scaling_law")
 SPEC = ENV.tier("mini")
 SETUP = SPEC.params.setup
 TRUTH = GroundTruth.model_validate_json(ground_truth_path(ENV.root, "mini").read_text())
-REFERENCE_ANSWER = Path(__file__).parent / "data" / "scaling_law" / "reference_answer_mini.json"
+REFERENCE_ANSWER = Path(__file__).parents[1] / "data" / "scaling_law" / "reference_answer_mini.json"
 
 
 @pytest.fixture(autouse=True)

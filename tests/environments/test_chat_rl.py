@@ -17,12 +17,12 @@ import pytest
 import torch
 from aiohttp import web
 from safetensors.torch import save_file
+from test_chat_rl_judge import EchoJudge
 
 from chat_rl_support import TINY, completions_server
 from openrebench.api import TierSpec
 from openrebench.environments.chat_rl import _assets, _probes, chat_lm, data, scorer
 from openrebench.runs import ScoringAccess, get_environment, run_scorer
-from test_chat_rl_judge import EchoJudge
 
 pytest_plugins = ["lm_support"]
 
