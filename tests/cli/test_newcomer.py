@@ -118,7 +118,7 @@ def test_a_scorer_that_cannot_start_is_an_infrastructure_failure(tmp_path: Path,
     sandboxed = scoring.scoring_sandbox_default()
     if not sandboxed:
         pytest.skip("needs the scoring sandbox (bubblewrap)")
-    result = scoring.run_scorer("optimize_kernel", "mini", solution, Path("run/protected"), timeout_s=120,
+    result = scoring.score_solution("optimize_kernel", "mini", solution, Path("run/protected"), timeout_s=120,
                                 memory_limit_gb=4, sandboxed=True)
     assert result.raw is None and result.details["infrastructure"] is True, result
     assert result.message.startswith("Invalid: infrastructure failure (the scorer process")
@@ -140,7 +140,7 @@ def test_start_exits_non_zero_when_the_start_cannot_be_scored(tmp_path: Path,
     def no_scorer(*args: object, **kwargs: object) -> object:
         return scoring.infrastructure_failure("the scoring sandbox could not start: bwrap: no such file")
 
-    monkeypatch.setattr(scoring, "run_scorer", no_scorer)
+    monkeypatch.setattr(scoring, "score_solution", no_scorer)
     result = runner.invoke(app, ["start", "optimize_kernel", str(tmp_path / "k1")])
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
@@ -210,7 +210,8 @@ def test_every_command_the_instructions_name_works_in_the_agent_sandbox(
 
     # The scorer itself is another test's business (tests/harness/test_sandbox.py): here a quick stand-in, so
     # that `score` is tested from the command through the harness's socket to the score log.
-    monkeypatch.setattr(scoring, "run_scorer", lambda *a, **k: ScoreResult(raw=1.0, message="Valid: quick"))
+    monkeypatch.setattr(scoring, "score_solution",
+                        lambda *a, **k: ScoreResult(raw=1.0, message="Valid: quick"))
 
     run, _ = start_run("optimize_kernel", "mini", tmp_path / "run", score_start=False)
     named: dict[str, list[str]] = {}

@@ -22,7 +22,7 @@ from test_chat_rl_judge import EchoJudge
 from chat_rl_support import TINY, completions_server
 from openrebench.api import TierSpec
 from openrebench.environments.chat_rl import _assets, _probes, chat_lm, data, scorer
-from openrebench.runs import ScoringAccess, get_environment, run_scorer
+from openrebench.runs import ScoringAccess, get_environment, score_solution
 
 pytest_plugins = ["lm_support"]
 
@@ -296,7 +296,7 @@ def hanging_judge() -> Iterator[str]:
 def test_a_judge_that_hangs_ends_in_the_scoring_time_limit(run_dirs: Any, hanging_judge: str) -> None:
     solution, protected = run_dirs
     access = ScoringAccess(env={"OPENAI_BASE_URL": hanging_judge, "OPENAI_API_KEY": "test"})
-    result = run_scorer(
+    result = score_solution(
         "chat_rl", "mini", solution, protected, timeout_s=20, memory_limit_gb=4, access=access
     )
     assert result.raw is None and "took longer than the 20 s scoring limit" in result.message, result.message

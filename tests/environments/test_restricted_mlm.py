@@ -232,7 +232,7 @@ TINY = textwrap.dedent('''
     import torch.nn.functional as F
     from torch import nn
 
-    VOCAB = json.loads((Path(__file__).parents[1] / "data" / "vocab.json").read_text())
+    VOCAB = json.loads((Path(__file__).parent / "data" / "vocab.json").read_text())
 
 
     class Model(nn.Module):

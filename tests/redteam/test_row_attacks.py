@@ -70,7 +70,7 @@ def make_run(path: Path) -> Run:
 
 
 def scorer(result: Callable[[Path], ScoreResult]) -> Callable[..., ScoreResult]:
-    """A stand-in for `run_scorer`: `result` of the snapshot."""
+    """A stand-in for `score_solution`: `result` of the snapshot."""
     return lambda env_id, tier, solution, protected, **kw: result(solution)
 
 
@@ -108,7 +108,7 @@ def test_a_solution_printing_100_mb_gets_one_short_row(tmp_path: Path,
         sys.stdout.flush()
         raise RuntimeError("done printing")
     """))
-    monkeypatch.setattr(_scoring, "run_scorer", lambda env_id, tier, solution, protected, **kw:
+    monkeypatch.setattr(_scoring, "score_solution", lambda env_id, tier, solution, protected, **kw:
                         score_in_process(env_id, solution, protected, tier))
     started = time.monotonic()
     row = _scored(run)
@@ -124,7 +124,7 @@ def test_a_scorer_quoting_all_the_output_on_a_full_disk(disk: Path, monkeypatch:
     in its message and details, with the disk filled first: the row must still fit the reserve."""
     run = make_run(disk / "run")
     output = ("\x01" * 127 + "\n") * (1 << 16)
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.invalid(
+    monkeypatch.setattr(_scoring, "score_solution", scorer(lambda _: ScoreResult.invalid(
         f"Invalid: the solution failed; its output:\n{output}", stdout=output, stderr=output)))
     fill(run.workspace)
     row = _scored(run)
@@ -143,7 +143,7 @@ def test_details_with_a_huge_nested_structure(disk: Path, monkeypatch: pytest.Mo
         deep = {"inner": [deep, "\x1b" * 5]}
     line = json.dumps({"raw": None, "message": "Invalid: 5000 tests failed.", "details": {
         "tests": [{"case": i, "stdout": "\x00" * 300, "tree": deep} for i in range(5000)], "failures": 5000}})
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.model_validate_json(line)))
+    monkeypatch.setattr(_scoring, "score_solution", scorer(lambda _: ScoreResult.model_validate_json(line)))
     fill(run.workspace)
     row = _scored(run)
     one_bounded_row_each(run, 1)
@@ -170,7 +170,7 @@ def test_file_names_of_255_odd_bytes_in_deep_folders(disk: Path, monkeypatch: py
             os.symlink(b"/etc/passwd", name, dir_fd=fd) if i % 2 else os.mkfifo(name, dir_fd=fd)
     finally:
         os.close(fd)
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult(raw=0.5, message="Valid.")))
+    monkeypatch.setattr(_scoring, "score_solution", scorer(lambda _: ScoreResult(raw=0.5, message="Valid.")))
     fill(run.workspace)
     row = _scored(run)
     one_bounded_row_each(run, 1)
@@ -191,7 +191,8 @@ def test_a_run_filling_the_disk_costs_another_run_no_row(disk: Path, monkeypatch
         return real_write(fd, data)
 
     monkeypatch.setattr(_score_log, "_write", write_after_the_flood)
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.invalid("Invalid: x." * 300)))
+    monkeypatch.setattr(_scoring, "score_solution",
+                        scorer(lambda _: ScoreResult.invalid("Invalid: x." * 300)))
     fill(run_a.workspace)
     for _ in range(3):
         _scored(run_b)
@@ -209,7 +210,7 @@ def test_a_snapshot_on_a_disk_another_run_filled_is_a_row_that_says_so(
     (run_b.workspace / "weights.bin").write_bytes(os.urandom(1 << 20))
     (disk / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(disk / "tmp"))
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult(raw=1.0, message="Valid.")))
+    monkeypatch.setattr(_scoring, "score_solution", scorer(lambda _: ScoreResult(raw=1.0, message="Valid.")))
     fill(run_a.workspace)
     row = _scored(run_b)
     one_bounded_row_each(run_b, 1)
@@ -225,7 +226,7 @@ def test_a_row_that_fits_only_in_part_is_written_whole(disk: Path, monkeypatch: 
     monkeypatch.setattr(_score_log, "_keep_tail", lambda fd: False)
     run = make_run(disk / "run")
     long = ScoreResult.invalid("Invalid: " + "y" * 9000)
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: long))
+    monkeypatch.setattr(_scoring, "score_solution", scorer(lambda _: long))
     fill(run.workspace)
     with open(run.workspace / "flood", "r+b") as f:
         f.truncate(f.seek(0, os.SEEK_END) - 4096)  # one page free: less than the row
@@ -243,7 +244,7 @@ def test_a_harness_killed_mid_row_then_another_scoring(tmp_path: Path,
     """The harness is killed (SIGKILL, the OOM killer) halfway through writing a row; the run goes on
     (resumed) and scores again: the torn line is reported, and no complete row is lost with it."""
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult.invalid("Invalid: x.")))
+    monkeypatch.setattr(_scoring, "score_solution", scorer(lambda _: ScoreResult.invalid("Invalid: x.")))
     _scored(run)
     killed = textwrap.dedent(f"""
         import os, signal
@@ -300,7 +301,8 @@ def test_a_connection_flood_on_one_runs_score_socket_costs_another_run_nothing(
     reaches the limit at once: each run is served MAX_CONNECTIONS connections at a time, the rest wait
     unaccepted in the kernel's queue."""
     run_b = make_run(tmp_path / "b")
-    monkeypatch.setattr(_scoring, "run_scorer", scorer(lambda _: ScoreResult(raw=1.0, message="Valid: B.")))
+    monkeypatch.setattr(_scoring, "score_solution",
+                        scorer(lambda _: ScoreResult(raw=1.0, message="Valid: B.")))
 
     async def score_b() -> str:
         return (await asyncio.to_thread(score_run, run_b, sandboxed=False)).message

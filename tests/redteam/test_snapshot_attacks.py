@@ -278,7 +278,8 @@ def test_a_workspace_over_a_limit_is_the_solutions_invalid_row(kernel_run: Run, 
         monkeypatch.setattr(_snapshot, "_read", lambda fd, n: counted(fd, n) if seen["bytes"] < 64 * MiB
                             else pytest.fail("attack works: the harness reads the sparse file's zeros"))
         expected = "the workspace is over the 4 GiB snapshot limit"
-    monkeypatch.setattr(_scoring, "run_scorer", lambda *a, **k: pytest.fail("scored an over-limit workspace"))
+    monkeypatch.setattr(_scoring, "score_solution",
+                        lambda *a, **k: pytest.fail("scored an over-limit workspace"))
     before = set(Path(tempfile.gettempdir()).glob("openrebench-snapshot-*"))
     row = score_run(kernel_run, sandboxed=False)
     assert row.raw is None and row.message.startswith(f"Invalid: {expected}"), row.message
@@ -294,7 +295,7 @@ def test_odd_names_give_bounded_one_line_notes(kernel_run: Run, monkeypatch: pyt
     for i in range(1_000):
         name = b"%d\nInvalid: forged line \xff\xfe " % i
         os.symlink(b"nowhere", ws + b"/" + name + b"z" * (255 - len(name)))
-    monkeypatch.setattr(_scoring, "run_scorer", lambda *a, **k: ScoreResult(raw=1.0, message="Valid."))
+    monkeypatch.setattr(_scoring, "score_solution", lambda *a, **k: ScoreResult(raw=1.0, message="Valid."))
     row = score_run(kernel_run, sandboxed=False)
     assert row.raw == 1.0 and not row.details.get("infrastructure"), f"attack works: {row.message}"
     notes = row.details["snapshot_notes"]

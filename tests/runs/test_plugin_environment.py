@@ -222,3 +222,61 @@ def test_inspect_and_openrebench_eval_run_it_and_analyze_reads_the_logs(
     assert analysis["groups"][0]["runs_by_env"] == {"toy_sum": 1}
     assert any(n.startswith("toy_sum is not a registered environment") and "score visible, direction min"
                in n for n in analysis["notes"])
+
+
+SCORED_BY_PATH = '''
+from typing import ClassVar
+
+from openrebench.api import Direction, Environment, NormConstants, TierSpec
+
+
+class Counted(Environment):
+    id = "counted"
+    rebench_id = "counted"
+    title = "Toy: files counted"
+    version = "0.1.0"
+    direction = Direction.MAX
+    scorer = ".scoring:count"  # relative to this package: no score method to copy
+    tiers: ClassVar[dict[str, TierSpec]] = {
+        "mini": TierSpec(name="mini", description="CPU.", device="cpu", hardware="any CPU",
+                         time_limit_hours=0.5, score_timeout_s=60, memory_limit_gb=1,
+                         constants=NormConstants(start=0.0, reference=3.0, source="by hand"))}
+'''
+
+SCORING = '''
+from openrebench.api import ScoreResult
+
+
+def count(spec, solution, protected):
+    return ScoreResult(raw=float(len(list(solution.iterdir()))), message=f"Valid: counted on {spec.name}.")
+'''
+
+
+def test_an_environment_names_its_scorer_by_import_path(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scorer as `module:function`, called with the tier's spec: the environment writes no score
+    method; a class that names none and overrides nothing is refused by the registry in one line."""
+    from openrebench.api import Direction, Environment, OpenRebenchError
+    from openrebench.runs._registry import _check
+
+    package = tmp_path / "counted_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "env.py").write_text(SCORED_BY_PATH)
+    (package / "scoring.py").write_text(SCORING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    cls = importlib.import_module("counted_pkg.env").Counted
+    solution = tmp_path / "solution"
+    solution.mkdir()
+    for name in ("a", "b"):
+        (solution / name).write_text(name)
+    result = _check(cls, "counted")().score("mini", solution, tmp_path)
+    assert result.raw == 2.0 and result.message == "Valid: counted on mini."
+
+    class Unscored(Environment):
+        id, rebench_id, title, version, direction, tiers = "unscored", "unscored", "x", "1", Direction.MAX, {}
+
+    with pytest.raises(OpenRebenchError, match="names no scorer"):
+        _check(Unscored, "unscored")

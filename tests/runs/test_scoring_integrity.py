@@ -139,7 +139,8 @@ def test_a_file_changing_while_copied_gives_one_clear_invalid_row(kernel_run: Ru
         return data
 
     monkeypatch.setattr(_snapshot, "_read", read)
-    monkeypatch.setattr(_scoring, "run_scorer", lambda *a, **k: pytest.fail("scored an inconsistent copy"))
+    monkeypatch.setattr(_scoring, "score_solution",
+                        lambda *a, **k: pytest.fail("scored an inconsistent copy"))
     row = score_run(kernel_run, sandboxed=False)
     assert row.raw is None and "growing.log changed while the snapshot was taken" in row.message
     assert len(kernel_run.rows()[0]) == 1
@@ -180,7 +181,7 @@ def test_a_harness_failure_still_gives_exactly_one_row(kernel_run: Run,
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("cgroup could not be made")
 
-    monkeypatch.setattr(_scoring, "run_scorer", broken)
+    monkeypatch.setattr(_scoring, "score_solution", broken)
     row = score_run(kernel_run, sandboxed=False)
     assert row.raw is None and row.message.startswith("Invalid: infrastructure failure")
     assert "not caused by your solution" in row.message and "cgroup" not in row.message
@@ -189,7 +190,7 @@ def test_a_harness_failure_still_gives_exactly_one_row(kernel_run: Run,
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_scoring, "run_scorer", interrupted)
+    monkeypatch.setattr(_scoring, "score_solution", interrupted)
     with pytest.raises(KeyboardInterrupt):
         score_run(kernel_run, sandboxed=False)
     rows, warnings = kernel_run.rows()
@@ -219,7 +220,8 @@ def test_a_full_disk_still_gets_the_row_through_the_reserve(kernel_run: Run,
         return real_write(fd, data)
 
     monkeypatch.setattr(_score_log, "_write", write)
-    monkeypatch.setattr(_scoring, "run_scorer", lambda *a, **k: _scoring.ScoreResult.invalid("Invalid: x."))
+    monkeypatch.setattr(_scoring, "score_solution",
+                        lambda *a, **k: _scoring.ScoreResult.invalid("Invalid: x."))
     row = score_run(kernel_run, sandboxed=False)
     assert kernel_run.rows()[0] == [row]
     assert reserve.is_file()  # made again for the next time

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import string
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Collection, Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -253,6 +253,10 @@ class Environment(ABC, Generic[P]):
     # True where the score is a time: the harness freezes the agent's own processes while it scores, so
     # that they neither slow the solution nor the scorer's yardstick runs.
     timing_sensitive: ClassVar[bool] = False
+    # The scoring function, `module:function` (a leading dot: relative to this class's package), called
+    # as function(spec, solution, protected) in the scorer process by the default `score`; imported only
+    # there, so that a scorer's heavy imports stay out of the harness.
+    scorer: ClassVar[str | None] = None
     # Each subclass narrows this to dict[str, TierSpec[ItsParams]] (a ClassVar cannot name P itself).
     tiers: ClassVar[dict[str, TierSpec[Any]]]
 
@@ -401,9 +405,9 @@ class Environment(ABC, Generic[P]):
         return [Placement.copy(f, f"{under}/{rel.as_posix()}" if under else rel.as_posix())
                 for f, rel in found if not SKIPPED_DIRS & set(rel.parts) and rel.as_posix() not in exclude]
 
-    @abstractmethod
     def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        """Score a snapshot of the solution.
+        """Score a snapshot of the solution: by default the function `scorer` names, called with the
+        tier's spec (a class with a scorer of another shape overrides this method instead).
 
         Called in the scorer process (never in the harness), once per scoring, with `solution` a
         writable snapshot of the workspace and `protected` the run's protected folder (read-only in
@@ -413,3 +417,10 @@ class Environment(ABC, Generic[P]):
         invalid result with a one-line reason (an exception that escapes becomes a generic "internal
         error" row).
         """
+        if self.scorer is None:
+            raise NotImplementedError(f"{type(self).__name__} names no `scorer` and does not override score")
+        import importlib
+
+        module, _, name = self.scorer.partition(":")
+        function = getattr(importlib.import_module(module, type(self).__module__.rpartition(".")[0]), name)
+        return function(self.tier(tier), solution, protected)

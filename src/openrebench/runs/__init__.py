@@ -21,7 +21,7 @@ from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, 
 from ._run import Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
 from ._score_metadata import ScoreMetadata
-from ._scorer_process import ScoringAccess, ScoringAccessFn, run_scorer
+from ._scorer_process import ScoringAccess, ScoringAccessFn, score_solution
 from ._scoring import calibrate_environment, score_run, start_run
 from ._self_calibration import calibrate_machine
 from ._snapshot import snapshot_workspace
@@ -59,9 +59,9 @@ __all__ = [
     "read_log",
     "refresh",
     "run_files",
-    "run_scorer",
     "save_record",
     "score_run",
+    "score_solution",
     "shipped_calibration_dir",
     "snapshot_workspace",
     "start_run",

@@ -29,6 +29,9 @@ def _check(cls: object, origin: str) -> type[Environment]:
     missing = [a for a in ("rebench_id", "title", "version", "direction", "tiers") if not hasattr(cls, a)]
     if missing:
         raise OpenRebenchError(f"{origin}: the environment class lacks {', '.join(missing)}")
+    if cls.scorer is None and cls.score is Environment.score:
+        raise OpenRebenchError(f"{origin}: the environment class names no scorer (set `scorer = "
+                               "\"module:function\"` or override `score`)")
     return cls
 
 

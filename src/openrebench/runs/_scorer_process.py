@@ -156,7 +156,7 @@ def _sandboxed_command(solution: Path, protected: Path, devices: Sequence[str], 
     return [*(cgroup.enter_prefix() if cgroup else []), *cmd], paths
 
 
-def run_scorer(env: str | Environment, tier: str, solution: Path, protected: Path, *, timeout_s: float,
+def score_solution(env: str | Environment, tier: str, solution: Path, protected: Path, *, timeout_s: float,
                memory_limit_gb: float, sandboxed: bool = False, devices: Sequence[str] = (),
                access: ScoringAccess | None = None, stop: threading.Event | None = None,
                triton_cache: Path | None = None) -> ScoreResult:

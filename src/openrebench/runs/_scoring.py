@@ -47,7 +47,7 @@ from ._score_log import ScoreRow, append_row, bound_row, bound_text
 from ._scorer_process import (
     ScoringAccessFn,
     infrastructure_failure,
-    run_scorer,
+    score_solution,
     scoring_sandbox_default,
 )
 from ._snapshot import _NOTES, snapshot_workspace
@@ -136,7 +136,7 @@ def _score_snapshot(ctx: ScoringContext) -> tuple[ScoreResult, str, list[str]]:
         if cache is not None:
             _kept_triton_cache(run, cache, load=True)
         with ctx.access(run, sandboxed) if ctx.access else nullcontext(None) as given:
-            result = run_scorer(ctx.env, spec.name, snapshot, run.protected, timeout_s=ctx.timeout_s,
+            result = score_solution(ctx.env, spec.name, snapshot, run.protected, timeout_s=ctx.timeout_s,
                                 memory_limit_gb=spec.memory_limit_gb, sandboxed=sandboxed, devices=devices,
                                 access=given, stop=ctx.stop, triton_cache=cache)
             if cache is not None:

@@ -7,8 +7,9 @@ Everything an environment needs, in one small package (see docs/architecture.md)
   reference solution: score 1), which every sandbox masks;
 - `files`: the training points go into the workspace, the held-out points into the protected folder,
   which only the scorer reads;
-- `score`: runs in a fresh, sandboxed scorer process; the agent's code runs in a solution host of its own
-  (`_host.py`, an unprivileged process that never sees the held-out targets), and the scorer compares;
+- `scorer.py` (named by `scorer`): runs in a fresh, sandboxed scorer process; the agent's code runs in a
+  solution host of its own (`_host.py`, an unprivileged process that never sees the held-out targets), and
+  the scorer compares;
 - `calibration/`: the record `openrebench calibrate example_fit --tier mini --ship` wrote, which gives
   the tier its normalisation constants (the start's and the reference's raw scores).
 
@@ -21,7 +22,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,11 +31,7 @@ from openrebench.api import (
     Environment,
     Placement,
     RunFiles,
-    ScoreResult,
-    SolutionError,
-    SolutionProcess,
     TierSpec,
-    solution_cgroup,
 )
 
 HERE = Path(__file__).parent
@@ -75,6 +72,7 @@ class ExampleFit(Environment[FitParams]):
     title = "Example: fit a curve to noisy points"
     version = "0.1.0"
     direction = Direction.MIN
+    scorer = ".scorer:score"  # score(spec, solution, protected), imported only in the scorer process
     tiers: ClassVar[dict[str, TierSpec[FitParams]]] = {
         "mini": TierSpec(
             name="mini", description="CPU, a second per scoring: 200 training points, 500 held out.",
@@ -91,40 +89,3 @@ class ExampleFit(Environment[FitParams]):
             protected=[Placement.text(HELDOUT, heldout)],
             reference=self.folder_files("reference"),
         )
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        params = self.tier(tier).params
-        heldout = json.loads((protected / HELDOUT).read_text())
-        xs, ys = [x for x, _ in heldout], [y for _, y in heldout]
-        group = solution_cgroup()  # the solution's processes in a group of their own, where there is one
-        try:
-            with SolutionProcess(HOST, solution, cgroup=group) as host:
-                reply = host.receive(params.timeout_s, "importing solution.py")
-                if reply.get("ready") is True:
-                    reply = host.request({"xs": xs}, params.timeout_s, "predict(xs)")
-        except SolutionError as e:
-            return ScoreResult.invalid(f"Invalid: {e}")
-        finally:
-            if group is not None:
-                group.close()
-        predictions = _checked(reply, len(xs))
-        if isinstance(predictions, str):
-            return ScoreResult.invalid(f"Invalid: {predictions}")
-        mse = sum((p - y) ** 2 for p, y in zip(predictions, ys, strict=True)) / len(ys)
-        raw = math.log(max(mse, 1e-12))
-        return ScoreResult(raw=raw, message=f"Valid: mean squared error {mse:.4f} on {len(ys)} held-out "
-                                            f"points (score ln(MSE) = {raw:.3f}, lower is better).",
-                           details={"mse": mse, "n_heldout": len(ys)})
-
-
-def _checked(reply: Any, n: int) -> list[float] | str:
-    """The host's predictions, trusting nothing of their shape; a one-line reason where they are unusable."""
-    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
-        return reply["error"][:2000]
-    values = reply.get("predictions") if isinstance(reply, dict) else None
-    if not isinstance(values, list) or len(values) != n:
-        got = len(values) if isinstance(values, list) else type(values).__name__
-        return f"predict(xs) must return a list of {n} numbers, got {got}"
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-        return "predict(xs) must return finite numbers only"
-    return [float(v) for v in values]

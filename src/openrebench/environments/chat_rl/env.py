@@ -30,7 +30,6 @@ from openrebench.api import (
     NormConstants,
     Placement,
     RunFiles,
-    ScoreResult,
     TierSpec,
 )
 
@@ -107,6 +106,7 @@ class ChatRL(Environment[ChatRLParams]):
     title = "Finetune GPT-2 for QA with RL: an instruction follower without demonstrations"
     version = "0.1.0"
     direction = Direction.MAX
+    scorer = ".scorer:score"
     score_visible = True
     tiers: ClassVar[dict[str, TierSpec[ChatRLParams]]] = {
         "mini": TierSpec(
@@ -216,8 +216,3 @@ class ChatRL(Environment[ChatRLParams]):
         if spec.params.data != "dictionary":
             return {}  # the templates are the dictionary tier's kinds of instruction
         return {name: [Placement.copy(build_probe(spec, cache_dir, name), "model")] for name in PROBES}
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
-
-        return score(self.tier(tier), solution, protected)

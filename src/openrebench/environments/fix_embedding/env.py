@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, ScoreResult, TierSpec
+from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, TierSpec
 
 from .params import FixEmbeddingParams, ModelCommon, ModelShape, Training
 
@@ -71,6 +71,7 @@ class FixEmbedding(Environment[FixEmbeddingParams]):
     title = "Fix embedding: recover a GPT whose embedding was permuted"
     version = "1.0.0"
     direction = Direction.MIN
+    scorer = ".scorer:score"
     score_visible = True
     tiers: ClassVar[dict[str, TierSpec[FixEmbeddingParams]]] = {
         "mini": TierSpec(
@@ -126,11 +127,6 @@ class FixEmbedding(Environment[FixEmbeddingParams]):
 
         write_permuted(build(self.tier(tier), cache_dir).large, workspace / "large_model")
         copy_model(workspace / "large_model", workspace / OUTPUT_DIR)
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
-
-        return score(self.tier(tier), solution, protected)
 
 
 def _model_files(model: Path, dest: str) -> list[Placement]:

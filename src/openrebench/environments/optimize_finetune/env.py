@@ -24,7 +24,6 @@ from openrebench.api import (
     NormConstants,
     Placement,
     RunFiles,
-    ScoreResult,
     TierSpec,
 )
 
@@ -88,6 +87,7 @@ class OptimizeFinetune(Environment[FinetuneParams]):
     title = "Optimize a finetuning script: same weights, less wall-clock time"
     version = "1.0.0"
     direction = Direction.MIN
+    scorer = ".scorer:score"
     score_visible = True
     timing_sensitive = True
     tiers: ClassVar[dict[str, TierSpec[FinetuneParams]]] = {
@@ -169,9 +169,4 @@ class OptimizeFinetune(Environment[FinetuneParams]):
                        Placement.text("setup.json", setup.model_dump_json(indent=2) + "\n")],
             reference=self.folder_files("reference"),
         )
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
-
-        return score(self.tier(tier), solution, protected)
 

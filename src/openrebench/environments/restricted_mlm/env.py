@@ -31,7 +31,7 @@ import math
 from pathlib import Path
 from typing import Any, ClassVar
 
-from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, ScoreResult, TierSpec
+from openrebench.api import Direction, Environment, NormConstants, Placement, RunFiles, TierSpec
 
 from .params import RestrictedMLMParams
 
@@ -79,6 +79,7 @@ class RestrictedMLM(Environment[RestrictedMLMParams]):
     title = "Restricted architecture MLM: a masked LM from an allow-list of operations"
     version = "1.0.0"
     direction = Direction.MIN
+    scorer = ".scorer:score"
     score_visible = True
     tiers: ClassVar[dict[str, TierSpec[RestrictedMLMParams]]] = {
         "mini": TierSpec(
@@ -121,8 +122,3 @@ class RestrictedMLM(Environment[RestrictedMLMParams]):
             reference=[*self.folder_files("reference", exclude={TRAINING_FILE}),
                        Placement.copy(assets.reference / "model.pt", "model.pt")],
         )
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
-
-        return score(self.tier(tier), solution, protected)

@@ -31,7 +31,6 @@ from openrebench.api import (
     OpenRebenchError,
     Placement,
     RunFiles,
-    ScoreResult,
     TierSpec,
 )
 
@@ -77,6 +76,7 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
     title = "Scaffolding for Rust Codecontests: make a fixed model solve contest problems in Rust"
     version = "0.1.0"
     direction = Direction.MAX
+    scorer = ".scorer:score"
     score_visible = True
     tiers: ClassVar[dict[str, TierSpec[RustCodecontestsParams]]] = {
         "mini": TierSpec(
@@ -125,8 +125,3 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
             protected=[Placement.copy(problems / "test.jsonl", "test.jsonl")],
             reference=self.folder_files("reference"),
         )
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
-
-        return score(self.tier(tier), solution, protected)

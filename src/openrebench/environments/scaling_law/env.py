@@ -26,7 +26,6 @@ from openrebench.api import (
     NormConstants,
     Placement,
     RunFiles,
-    ScoreResult,
     ShippedData,
     TierSpec,
 )
@@ -94,6 +93,7 @@ class ScalingLaw(Environment[ScalingLawParams]):
     title = "Scaling law: predict the compute-optimal width, steps and loss at a FLOP budget"
     version = "1.0.0"
     direction = Direction.LAST
+    scorer = ".scorer:score"
     score_visible = False
     tiers: ClassVar[dict[str, TierSpec[ScalingLawParams]]] = {
         "mini": TierSpec(
@@ -149,8 +149,3 @@ class ScalingLaw(Environment[ScalingLawParams]):
             protected=[Placement.copy(assets.ground_truth, "ground_truth.json")],
             reference=[Placement.copy(reference_answer_path(spec, cache_dir), ANSWER)],
         )
-
-    def score(self, tier: str, solution: Path, protected: Path) -> ScoreResult:
-        from .scorer import score
-
-        return score(self.tier(tier), solution, protected)
