@@ -54,9 +54,9 @@ class _Provider(BaseHTTPRequestHandler):
             return
         done = sum(m["role"] == "tool" for m in body["messages"])
         script = [("bash", {"command": LOOK_FOR_KEY.replace("$PROBE", self.probe)}),
-                  ("python", {"code": write_reference_code()}),
+                  ("python", {"code": write_reference_code("example_fit")}),
                   ("score", {})]
-        message: dict[str, Any] = {"role": "assistant", "content": "Done: the reference kernel is in."}
+        message: dict[str, Any] = {"role": "assistant", "content": "Done: the reference solution is in."}
         finish = "stop"
         if done < len(script):
             name, arguments = script[done]
@@ -100,7 +100,7 @@ def test_a_react_attempt_through_a_stand_in_provider_scores_with_the_key_out_of_
     env.pop("OPENAI_BASE_URL", None)
     logs, runs = tmp_path / "logs", tmp_path / "runs"
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "openrebench"), "eval", "optimize_kernel", "--agent", "react",
+        [str(Path(sys.executable).parent / "openrebench"), "eval", "example_fit", "--agent", "react",
          "--model", "openai/stand-in", "-M", f"base_url={provider}", "-M", "responses_api=false",
          "--max-retries", "4", "--timeout", "60", "--time-limit", "10m", "--display", "none",
          "--log-dir", str(logs), "--runs-dir", str(runs)],
