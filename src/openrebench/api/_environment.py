@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from openrebench.base import OpenRebenchError
+from openrebench.base import OpenRebenchError, load_object
 
 from ._calibration import NormConstants, read_shipped_record
 from ._files import SKIPPED_DIRS, Placement, RunFiles
@@ -419,8 +419,5 @@ class Environment(ABC, Generic[P]):
         """
         if self.scorer is None:
             raise NotImplementedError(f"{type(self).__name__} names no `scorer` and does not override score")
-        import importlib
-
-        module, _, name = self.scorer.partition(":")
-        function = getattr(importlib.import_module(module, type(self).__module__.rpartition(".")[0]), name)
-        return function(self.tier(tier), solution, protected)
+        function = load_object(self.scorer, type(self).__module__.rpartition(".")[0])
+        return function(self.tier(tier), solution, protected)  # type: ignore[operator]

@@ -3,7 +3,7 @@ message, where built assets are cached, and the entry-point group of environment
 
 from ._errors import OpenRebenchError
 from ._paths import cache_dir
-from ._plugins import ENVIRONMENT_ENTRY_POINT_GROUP, check_name, discover
+from ._plugins import ENVIRONMENT_ENTRY_POINT_GROUP, check_name, discover, load_object
 
 __all__ = [
     "ENVIRONMENT_ENTRY_POINT_GROUP",
@@ -11,4 +11,5 @@ __all__ = [
     "cache_dir",
     "check_name",
     "discover",
+    "load_object",
 ]

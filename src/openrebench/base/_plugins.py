@@ -60,3 +60,13 @@ def discover(package: str, attribute: str, group: str, check: Callable[[object, 
             continue
         found[name] = (item, origin)
     return {name: item for name, (item, _) in sorted(found.items())}
+
+
+def load_object(path: str, package: str | None = None) -> object:
+    """The object an import path names, `module:Qual.Name` (as entry points name theirs; a leading dot in
+    the module: relative to `package`)."""
+    module, _, name = path.partition(":")
+    obj: object = importlib.import_module(module, package)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -12,7 +12,7 @@ import functools
 import re
 
 from openrebench.api import Environment
-from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP, OpenRebenchError, discover
+from openrebench.base import ENVIRONMENT_ENTRY_POINT_GROUP, OpenRebenchError, discover, load_object
 from openrebench.isolation import forget_plugins
 
 ENTRY_POINT_GROUP = ENVIRONMENT_ENTRY_POINT_GROUP
@@ -69,13 +69,7 @@ def class_path(env: str | Environment) -> str:
 
 def by_class_path(path: str, env_id: str) -> Environment:
     """The environment whose class `class_path` named, checked to be an Environment with id `env_id`."""
-    import importlib
-
-    module, _, name = path.partition(":")
-    obj: object = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    cls = _check(obj, path)
+    cls = _check(load_object(path), path)
     if cls.id != env_id:
         raise OpenRebenchError(f"{path} is the environment '{cls.id}', not '{env_id}'")
     return cls()
