@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from inspect_ai.log import EvalError, EvalLog
+from inspect_ai.log import EvalError, EvalLog, read_eval_log
 
 from analysis_helpers import REAL_LOG, runs_log, write_variant
 from openrebench.analysis import RELEASE_ONLY_ENVIRONMENTS, analyze, load_logs, load_paper
@@ -61,6 +61,13 @@ def test_prices_fill_in_a_missing_cost(tmp_path: Path) -> None:
         load_prices(prices)
 
 
+def test_a_log_from_before_the_scorer_was_renamed_loads(tmp_path: Path) -> None:
+    assert "run_score" in read_eval_log(str(REAL_LOG)).samples[0].scores  # type: ignore[index,operator]
+    (old,) = load_logs([REAL_LOG]).attempts
+    (new,) = load_logs([write_variant(tmp_path / "new.eval", lambda log: None)]).attempts
+    assert old.score == new.score and old.raw == new.raw and old.env_id == new.env_id == "optimize_kernel"
+
+
 def _drop_scores(log: EvalLog) -> None:
     log.samples[0].scores = {}  # type: ignore[index]
 
@@ -79,7 +86,7 @@ def _no_samples(log: EvalLog) -> None:
 
 def _meta(key: str, value: object):  # type: ignore[no-untyped-def]
     def edit(log: EvalLog) -> None:
-        meta = log.samples[0].scores["run_score"].metadata  # type: ignore[index,union-attr]
+        meta = log.samples[0].scores["rebench_scorer"].metadata  # type: ignore[index,union-attr]
         if value is None:
             del meta[key]
         else:
@@ -90,7 +97,7 @@ def _meta(key: str, value: object):  # type: ignore[no-untyped-def]
 
 def _value(value: object):  # type: ignore[no-untyped-def]
     def edit(log: EvalLog) -> None:
-        log.samples[0].scores["run_score"].value = value  # type: ignore[index]
+        log.samples[0].scores["rebench_scorer"].value = value  # type: ignore[index]
 
     return edit
 
@@ -105,7 +112,7 @@ def _no_limit(log: EvalLog) -> None:
 
 
 MALFORMED = [
-    (_drop_scores, "no 'run_score' score; pass --skip-incomplete"),
+    (_drop_scores, "no 'rebench_scorer' score; pass --skip-incomplete"),
     (_failed_sample, "the sample failed (RuntimeError: sandbox died); pass --skip-incomplete"),
     (_no_samples, "the log has no samples (status error: the harness crashed); pass --skip-incomplete"),
     (_meta("fingerprint", None), "score metadata lacks 'fingerprint'"),
@@ -187,7 +194,7 @@ def test_a_log_without_a_model_is_labelled_by_its_agent(tmp_path: Path) -> None:
     assert attempt.group == "oracle (mini)"
 
 
-@pytest.mark.parametrize(("edit", "left_out"), [(_drop_scores, "left out: no 'run_score' score"),
+@pytest.mark.parametrize(("edit", "left_out"), [(_drop_scores, "left out: no 'rebench_scorer' score"),
                                                 (_no_samples, "left out, no samples")])
 def test_skip_incomplete_lists_what_it_leaves_out(tmp_path: Path, edit, left_out: str) -> None:  # type: ignore[no-untyped-def]
     bad = write_variant(tmp_path / "bad.eval", edit)
@@ -251,7 +258,7 @@ def _gone(logged: dict[str, object]) -> Callable[[EvalLog], None]:
         log.eval.metadata = {**(log.eval.metadata or {}), "env_id": "gone_env", **logged}
         for sample in log.samples or []:
             sample.metadata = {**(sample.metadata or {}), "env_id": "gone_env"}
-            score = sample.scores["run_score"]  # type: ignore[index]
+            score = sample.scores["rebench_scorer"]  # type: ignore[index]
             score.metadata["fingerprint"] = {**score.metadata["fingerprint"], "env_id": "gone_env"}  # type: ignore[index]
 
     return edit

@@ -36,7 +36,7 @@ def test_a_log_without_the_paper_matched_score_gets_it_from_its_raw_score() -> N
 
 def _with_paper_score(value: float):  # type: ignore[no-untyped-def]
     def edit(log: EvalLog) -> None:
-        score = log.samples[0].scores["run_score"]  # type: ignore[index,union-attr]
+        score = log.samples[0].scores["rebench_scorer"]  # type: ignore[index,union-attr]
         score.metadata["normalised_paper"] = value  # type: ignore[index]
         for row in score.metadata["score_log"]:  # type: ignore[index]
             row["normalised_paper"] = value if row["raw"] is not None and row["kind"] == "score" else 0.0

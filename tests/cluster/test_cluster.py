@@ -221,7 +221,7 @@ def test_eval_on_the_cluster_logs_every_attempt_once_where_analyze_and_inspect_r
     found = eval_logs(logs)
     assert len(found) == 4 and all(log.status == "success" for log in found)
     scores = sorted((log.eval.task, log.eval.metadata["cluster"]["epoch"],
-                     log.samples[0].scores["run_score"].value) for log in found)
+                     log.samples[0].scores["rebench_scorer"].value) for log in found)
     assert scores == [("toy_cpu", 1, 1.0), ("toy_cpu", 2, 1.0), ("toy_gpu", 1, 1.0), ("toy_gpu", 2, 1.0)]
     analysis = invoke("analyze", str(logs), "--json", "--boots", "10", "--sims", "10")
     assert analysis.exit_code == 0, analysis.output
@@ -259,7 +259,7 @@ def test_an_attempt_runs_on_a_cluster_that_wants_a_token_its_worker_authenticate
                            "--display", "none"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     (log,) = eval_logs(logs)
-    assert log.status == "success" and log.samples[0].scores["run_score"].value == 1.0
+    assert log.status == "success" and log.samples[0].scores["rebench_scorer"].value == 1.0
     queue = AttemptQueue(logs / QUEUE_FILE)
     ((attempt, (t,)),) = [(a, queue.tries(a.id)) for a in queue.attempts()]
     queue.close()
@@ -365,7 +365,8 @@ def test_a_driver_killed_mid_run_resumes_with_nothing_lost_or_run_twice(sim: Sim
     assert json.loads((Path(first.dir) / LOST_FILE).read_text())["reason"].startswith("the driver stopped")
     found = eval_logs(logs)
     assert sorted(log.eval.task for log in found) == ["toy_cpu", "toy_slow"]
-    assert all(log.status == "success" and log.samples[0].scores["run_score"].value == 1.0 for log in found)
+    assert all(log.status == "success" and log.samples[0].scores["rebench_scorer"].value == 1.0
+               for log in found)
     assert {a.log for a in attempts.values()} == {log.location.removeprefix("file://") for log in found}
     assert os.stat(first_log.name.removeprefix("file://")).st_mtime == mtime  # the done attempt untouched
     queue.close()
@@ -378,6 +379,6 @@ def test_a_real_mini_environment_runs_with_the_oracle_on_the_cluster(sim: Sim, t
                     "--runs-dir", str(tmp_path / "runs"), "--display", "none")
     assert result.exit_code == 0, result.output
     (log,) = eval_logs(logs)
-    score = log.samples[0].scores["run_score"]
+    score = log.samples[0].scores["rebench_scorer"]
     assert log.status == "success" and score.value > 0.5, score
     assert Path(score.metadata["run_dir"]).is_relative_to(tmp_path / "runs")

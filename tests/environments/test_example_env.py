@@ -48,7 +48,7 @@ def test_eval_with_the_oracle_scores_one(tmp_path: Path) -> None:
     assert code == 0, out
     (info,) = list_eval_logs(str(tmp_path / "logs"))
     (sample,) = read_eval_log(info).samples or []
-    assert sample.scores["run_score"].value == pytest.approx(1.0)
+    assert sample.scores["rebench_scorer"].value == pytest.approx(1.0)
 
 
 def test_a_new_tier_calibrates_from_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -331,7 +331,7 @@ def test_oracle_through_inspect_start_and_reference_are_valid(mlm_home: Path, tm
     task = environment_tasks()["restricted_mlm"](tier="mini", agent="oracle", runs_dir=str(tmp_path / "runs"))
     (log,) = inspect_eval(task, model="none", log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
-    rows = log.samples[0].scores["run_score"].metadata["score_log"]
+    rows = log.samples[0].scores["rebench_scorer"].metadata["score_log"]
     kinds = [r["kind"] for r in rows]
     assert kinds[0] == "setup" and set(kinds[1:]) == {"score"}, kinds
     assert 1 <= len(kinds) - 1 <= ORACLE_SCORINGS, kinds

@@ -1,7 +1,7 @@
 """rust_codecontests' Rust utilities, with the real rustc: extraction, judging, and the limits and uid drop
 that keep an untrusted program from the scorer's files and secrets.
 
-The module is loaded by file path under the name the agent's workspace gives it, as a stand-alone file:
+The package is loaded by file path under the name the agent's workspace gives it, standing alone:
 that is how evaluate.py imports it, and it proves it needs nothing of openrebench.
 """
 
@@ -24,8 +24,10 @@ import rust_support
 from rust_support import SETPRIV, needs_root, open_dir
 
 SOURCE = (Path(__file__).parents[2] / "src" / "openrebench" / "environments" / "rust_codecontests"
-          / "rust_utils.py")
-_spec = importlib.util.spec_from_file_location("rust_codecontests_utils", SOURCE)
+          / "rust_utils" / "__init__.py")
+# loaded by path under the agent's name, as the workspace's copy is: standard library only
+_spec = importlib.util.spec_from_file_location("rust_codecontests_utils", SOURCE,
+                                               submodule_search_locations=[str(SOURCE.parent)])
 assert _spec is not None and _spec.loader is not None
 rcu = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = rcu  # dataclasses look their module up by name
@@ -107,13 +109,17 @@ def _run(binary: Path, stdin: str, expected: str = "", **kw: object) -> rcu.Test
 # ----------------------------------------------------------------------------------- pure functions
 
 
-def test_the_module_imports_only_the_standard_library() -> None:
-    tree = ast.parse(SOURCE.read_text())
-    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module.split(".")[0] for n in ast.walk(tree)
-              if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
-    assert names - {"__future__"} <= set(sys.stdlib_module_names)
-    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+def test_the_package_imports_only_the_standard_library_and_itself() -> None:
+    own = {p.stem for p in SOURCE.parent.glob("*.py")}
+    for path in SOURCE.parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+        assert names - {"__future__"} <= set(sys.stdlib_module_names), path.name
+        relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+        assert relative <= own and all(n.level == 1 for n in ast.walk(tree)
+                                       if isinstance(n, ast.ImportFrom) and n.level), path.name
 
 
 @pytest.mark.parametrize(("reply", "program"), [

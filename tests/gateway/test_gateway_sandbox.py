@@ -396,7 +396,7 @@ def test_env_model_on_the_cli_reaches_the_grant_and_the_usage_reaches_the_log(
     assert grant["models"] == {"judge": "mockllm/cli"} and grant["budget"]["tokens"] == 50_000
     (info,) = list_eval_logs(str(tmp_path / "logs"))
     (sample,) = read_eval_log(info).samples or []
-    score = sample.scores["run_score"]  # type: ignore[index]
+    score = sample.scores["rebench_scorer"]  # type: ignore[index]
     assert score.value == 1.0
     used = score.metadata["gateway_usage"]
     # The set-up scoring and the oracle's: the scorer asked the judge each time, as the role it was given.

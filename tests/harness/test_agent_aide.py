@@ -194,7 +194,7 @@ def test_a_scripted_search_debugs_a_broken_draft_improves_and_leaves_the_best(
     assert said[2].startswith("#3 (improve of #"), said
     assert "5 replies in a row without a usable solution" in said[-2], said
     assert said[-1].startswith("Best solution: #3"), said
-    score = sample.scores["run_score"]
+    score = sample.scores["rebench_scorer"]
     rows = score.metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score", "score", "score"]
     assert rows[1]["raw"] is None and rows[2]["raw"] is not None

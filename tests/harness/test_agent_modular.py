@@ -154,7 +154,7 @@ def test_scripted_modular_attempt_scores_broken_then_reference_and_submits(tmp_p
     assert len(inputs) == len(outputs)
     assert all(m[-1].text.startswith("Working time:") and "Tokens:" in m[-1].text for m in inputs)
     assert isinstance(sample.messages[0], ChatMessageSystem) and "of working time" in sample.messages[0].text
-    score = sample.scores["run_score"]
+    score = sample.scores["rebench_scorer"]
     rows = score.metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score", "score"]
     assert rows[1]["raw"] is None and rows[2]["raw"] is not None

@@ -71,7 +71,7 @@ def test_inspects_basic_agent_with_no_tools_of_its_own_scores_through_the_state_
     assert tool_results["score_log"].error is None and "#1 " in tool_results["score_log"].text
     offered = offered_tools(log)
     assert len(offered) == 3 and all(sorted(names) == ["score", "score_log", "submit"] for names in offered)
-    rows = sample.scores["run_score"].metadata["score_log"]
+    rows = sample.scores["rebench_scorer"].metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score"] and rows[1]["raw"] is not None
     (attempt,) = load_logs([tmp_path / "logs"]).attempts  # the analysis names the solver that ran
     assert attempt.scaffold == "inspect_ai/basic_agent" and attempt.group.startswith("inspect_ai/basic_agent")
@@ -92,7 +92,7 @@ def test_openrebench_eval_runs_a_solver_from_a_file_with_the_score_tools(
     assert log.eval.metadata["agent"] == "my_agent.py@score_once"  # what the analysis groups by
     (sample,) = log.samples or []
     assert sample.output.completion.startswith("tools=['score', 'score_log']; ")
-    rows = sample.scores["run_score"].metadata["score_log"]
+    rows = sample.scores["rebench_scorer"].metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score"] and rows[1]["raw"] is not None
 
 

@@ -38,7 +38,7 @@ def test_scripted_agent_scores_broken_then_reference(tmp_path: Path) -> None:
     (sample,) = log.samples
     tool_results = [m.text for m in sample.messages if m.role == "tool"]
     assert any("Invalid: wrong output" in t for t in tool_results), tool_results
-    score = sample.scores["run_score"]
+    score = sample.scores["rebench_scorer"]
     rows = score.metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score", "score"]
     assert rows[1]["raw"] is None and rows[2]["raw"] is not None
@@ -146,5 +146,5 @@ def test_human_agent_logs_in_scores_and_submits(tmp_path: Path) -> None:
 
     (info,) = list_eval_logs(str(tmp_path / "logs"))
     (sample,) = read_eval_log(info).samples
-    rows = sample.scores["run_score"].metadata["score_log"]
+    rows = sample.scores["rebench_scorer"].metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score"]

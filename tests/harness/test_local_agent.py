@@ -73,7 +73,7 @@ def test_react_on_the_offline_model_records_real_usage_at_zero_cost(tmp_path: Pa
     ended = sample.limit.type if sample.limit else f"idle {sample.store.get(IDLE_KEY)}"
     assert ended in ("working", f"idle {IDLE_TURNS}"), (ended, sample.output)
     assert sample.working_time is not None and sample.working_time < 60 + 15, sample.working_time
-    score = sample.scores["run_score"]
+    score = sample.scores["rebench_scorer"]
     run_dir = Path(score.metadata["run_dir"])
     assert (run_dir / "score_log.jsonl").is_file()
     assert score.metadata["score_log"][0]["kind"] == "setup"

@@ -138,7 +138,7 @@ def test_react_scores_through_the_real_provider_then_stops_when_it_only_talks(
     (sample,) = log.samples
     (result,) = [m for m in sample.messages if m.role == "tool"]
     assert result.function == "score" and "working time used" in result.text, result.text
-    rows = sample.scores["run_score"].metadata["score_log"]
+    rows = sample.scores["rebench_scorer"].metadata["score_log"]
     assert [r["kind"] for r in rows] == ["setup", "score"]
     # one turn with the tool call, then IDLE_TURNS turns without one; the model was urged between them
     assert len(local_model.requests) == 1 + IDLE_TURNS

@@ -198,7 +198,7 @@ def test_inspect_and_openrebench_eval_run_it_and_analyze_reads_the_logs(
     (info,) = list_eval_logs(str(tmp_path / "inspect"))
     log = read_eval_log(info)
     assert log.status == "success" and log.samples and log.samples[0].scores
-    assert log.samples[0].scores["run_score"].value == 1.0
+    assert log.samples[0].scores["rebench_scorer"].value == 1.0
 
     out = invoke("eval", "toy_sum", "--tier", "mini", "--log-dir", str(tmp_path / "eval"), "--runs-dir",
                  str(tmp_path / "runs"), "--display", "none")

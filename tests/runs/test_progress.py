@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from openrebench.api import StageUpdate, _progress, reporting, show_progress, stage
+from openrebench.api import StageUpdate, _progress, cached_build, reporting, show_progress, stage
 from openrebench.api._progress import RichProgress, progress_active
 from openrebench.harness import _progress as inspect_progress
 from openrebench.harness._progress import CAPTION, InspectProgress
 from openrebench.lm import SPLITS, Corpus, GPTConfig, TrainConfig, build_trained_model
-from openrebench.lm._assets import cached_build
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -20,7 +20,8 @@ from ._environments import registered_facts
 from ._model import Attempt, Dataset, EnvFacts, ModelUse
 from ._paper import RELEASE_ONLY_ENVIRONMENTS, by_rebench_id
 
-SCORER = "run_score"
+SCORER = "rebench_scorer"
+LEGACY_SCORERS = ("run_score",)  # the same scorer under its earlier name, in logs written before
 GATEWAY_USAGE = "gateway_usage"
 """The score metadata key of the gateway's totals for a run: {"total": {...}, "roles": {role: {...}}}."""
 LOG_SUFFIXES = (".eval", ".json")
@@ -218,7 +219,8 @@ def _paper_score(meta: ScoreMetadata, measured: NormConstants | None,
 def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices, warnings: list[str],
              rebench_ids: Mapping[str, EnvFacts], registered: Mapping[str, EnvFacts]) -> Attempt | str:
     """The sample as an attempt, or the reason it is incomplete (no score)."""
-    score = (sample.scores or {}).get(SCORER)
+    scores = sample.scores or {}
+    score = next((scores[name] for name in (SCORER, *LEGACY_SCORERS) if name in scores), None)
     if score is None:
         if sample.error is not None:
             return f"the sample failed ({_error_line(sample.error.message)})"
@@ -233,7 +235,7 @@ def _attempt(log: Any, sample: Any, where: str, length_h: float, prices: _Prices
     for key in ("fingerprint", "score_log"):
         if key not in meta.model_fields_set:
             raise OpenRebenchError(f"{where}: score metadata lacks '{key}' (not written by openrebench's "
-                                   "run_score scorer?)")
+                                   f"{SCORER} scorer?)")
     fingerprint = meta.fingerprint or {}
     if not isinstance(fingerprint.get("hardware"), dict):
         raise OpenRebenchError(f"{where}: score metadata 'fingerprint' has no hardware record")

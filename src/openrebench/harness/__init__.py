@@ -27,8 +27,8 @@ from ._task import (
     check_time_limit,
     environment_tasks,
     model_args,
+    rebench_scorer,
     rebench_task,
-    run_score,
 )
 from ._tools import score, score_log
 from .agents import AgentSpec, agent_limits, agent_names, get_agent
@@ -51,4 +51,4 @@ __all__ = ["AGENTS", "ISOLATIONS", "LOCAL_ALIAS", "TIME_LIMIT_RANGE", "TIME_LIMI
            "TaskArgError", "agent_limits", "check_client", "check_credentials", "check_time_limit",
            "declared_roles", "ended", "environment_tasks", "estimate_run", "find_price", "get_agent",
            "is_local", "isolation_problem", "load_prices", "model_args", "model_usage", "oracle",
-           "rebench_task", "resolve_agent_model", "results_caption", "run_score", "score", "score_log"]
+           "rebench_scorer", "rebench_task", "resolve_agent_model", "results_caption", "score", "score_log"]

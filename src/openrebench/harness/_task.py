@@ -79,7 +79,7 @@ def record_role_usage(usage: dict[str, Any]) -> None:
 
 
 @scorer(metrics=[mean(), stderr()])
-def run_score() -> Scorer:
+def rebench_scorer() -> Scorer:
     """The run's final normalised score; metadata holds the raw score, the paper-matched normalised score
     (`normalised_paper`, with the paper's constants it used), the log and the fingerprint, and
     where the environment has models, what the run was given and used of them (`models`: totals
@@ -240,7 +240,7 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
         # the instructions reach every solver as the sample's input.
         setup=score_tools(),
         solver=agent_spec.factory(env, tier, seconds),
-        scorer=run_score(),
+        scorer=rebench_scorer(),
         sandbox=("openrebench", config),
         working_limit=None if agent_spec.own_clock else int(seconds),
         message_limit=limits.messages,

@@ -15,7 +15,7 @@ chat_rl).
 Every built asset lives under `<cache>/lm/` with a manifest of sha256 checksums, verified on reuse.
 """
 
-from ._assets import (
+from openrebench.api import (
     AssetError,
     BuildIncomplete,
     Deadline,
@@ -25,6 +25,7 @@ from ._assets import (
     load_manifest,
     verify,
 )
+
 from ._checkpoint import Checkpoint, load_checkpoint, load_model, save_checkpoint
 from ._corpus import Corpus, build_corpus, load_corpus
 from ._corpus_sources import gcide_root, openwebtext_available

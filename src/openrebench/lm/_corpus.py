@@ -27,9 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from openrebench.api import progress_display, stage
-
-from ._assets import (
+from openrebench.api import (
     AssetError,
     Deadline,
     Manifest,
@@ -37,7 +35,10 @@ from ._assets import (
     assets_root,
     cached_build,
     load_manifest,
+    progress_display,
+    stage,
 )
+
 from ._corpus_sources import (
     debian_documents,
     dictionary_documents,
@@ -212,7 +213,7 @@ def build_corpus(kind: CorpusKind | Literal["auto"] = "mini", cache_dir: Path | 
 
 def load_corpus(path: Path) -> Corpus:
     """A corpus folder built elsewhere (e.g. carried to a GPU machine), checked against its manifest."""
-    from ._assets import verify
+    from openrebench.api import verify
 
     manifest = load_manifest(path)
     problems = verify(path, manifest)

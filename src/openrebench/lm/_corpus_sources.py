@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from openrebench.api import progress_display, stage
+from openrebench.api import AssetError, Deadline, progress_display, stage
 
-from ._assets import AssetError, Deadline
 from ._corpus_text import Document, _pieces, clean_paragraphs
 from ._sources import debian_depends, debian_package, debian_version, extract_debian, pypi_archive
 

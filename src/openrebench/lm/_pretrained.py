@@ -8,9 +8,17 @@ from typing import Any
 
 import torch
 
-from openrebench.api import progress_display, stage
+from openrebench.api import (
+    BuildIncomplete,
+    Deadline,
+    Manifest,
+    OnMismatch,
+    assets_root,
+    cached_build,
+    progress_display,
+    stage,
+)
 
-from ._assets import BuildIncomplete, Deadline, Manifest, OnMismatch, assets_root, cached_build
 from ._checkpoint import load_model, save_checkpoint
 from ._corpus import Corpus
 from ._model import GPT, GPTConfig

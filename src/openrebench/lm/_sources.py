@@ -14,9 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from openrebench.api import cache_dir
-
-from ._assets import AssetError, sha256_file
+from openrebench.api import AssetError, cache_dir, sha256_file
 
 
 def sources_dir() -> Path:

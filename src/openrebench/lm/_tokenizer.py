@@ -18,7 +18,8 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._assets import AssetError, Deadline, assets_root, cached_build
+from openrebench.api import AssetError, Deadline, assets_root, cached_build
+
 from ._sources import pypi_archive
 
 if TYPE_CHECKING:

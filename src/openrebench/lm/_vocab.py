@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ._assets import Deadline, assets_root, cached_build
+from openrebench.api import Deadline, assets_root, cached_build
+
 from ._corpus import Corpus
 from ._corpus_text import SPLITS
 

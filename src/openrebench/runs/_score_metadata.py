@@ -1,5 +1,5 @@
 """What an attempt's score carries beside its value in Inspect's log: one typed definition, which the
-harness writes (`harness.run_score`) and the CLI's results table, the analysis and the cluster's nodes
+harness writes (`harness.rebench_scorer`) and the CLI's results table, the analysis and the cluster's nodes
 read, instead of each keeping its own copy of the key names.
 
 Logs outlive versions: a field a log lacks reads as its default, and keys a later version adds pass
@@ -23,7 +23,7 @@ _EXPECTED = {"raw": "is not a number", "normalised_paper": "is not a number", "r
 
 
 class ScoreMetadata(BaseModel):
-    """The run's final score's metadata (see `harness.run_score`)."""
+    """The run's final score's metadata (see `harness.rebench_scorer`)."""
 
     model_config = ConfigDict(extra="allow")
 

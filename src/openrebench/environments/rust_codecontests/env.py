@@ -38,7 +38,7 @@ from .params import RustCodecontestsParams
 
 CALIBRATION = Path(__file__).parent / "calibration"
 HERE = Path(__file__).parent
-UTILS_NAME = "rust_codecontests_utils.py"
+UTILS_NAME = "rust_codecontests_utils"
 
 MINI = RustCodecontestsParams(
     problems="mini", batch_size=12, batch_timeout_s=150, concurrency=4, compile_timeout_s=30, test_workers=2,
@@ -120,7 +120,7 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
 
         problems = build(self.tier(tier), cache_dir)
         return RunFiles(
-            workspace=[*self.folder_files("starting"), Placement.copy(HERE / "rust_utils.py", UTILS_NAME),
+            workspace=[*self.folder_files("starting"), Placement.copy(HERE / "rust_utils", UTILS_NAME),
                        Placement.copy(problems / "valid.jsonl", "data/valid.jsonl")],
             protected=[Placement.copy(problems / "test.jsonl", "test.jsonl")],
             reference=self.folder_files("reference"),

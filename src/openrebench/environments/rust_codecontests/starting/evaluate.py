@@ -5,7 +5,7 @@
 The scorer calls `generate_solution` on the held-out problems in batches, each problem given without
 its hidden tests (`private_tests`, `generated_tests`), then compiles each answer with rustc (edition
 2018) and runs it on all of the problem's tests; this does the same on the file you name, with the
-Rust utilities of rust_codecontests_utils.py (a copy of the scorer's: editing it changes nothing but
+Rust utilities of rust_codecontests_utils/ (a copy of the scorer's: editing it changes nothing but
 this script). Model calls go through the gateway (OPENAI_BASE_URL, OPENAI_API_KEY) and count against
 your budget.
 """

@@ -1,16 +1,16 @@
 """Rust for rust_codecontests: pull the program out of a model's reply, compile it, judge it on tests.
 
-Shared: the scorer uses this file, and the agent's workspace gets a copy (`rust_codecontests_utils.py`)
-for its evaluate.py and scaffold, so it imports the standard library only. The scorer runs untrusted
-programs with it: every rustc and every program runs in a session of its own, killed as a group when
-it ends or runs out of time (with whatever it forked and moved out of the group while holding our
-pipes), with an environment of PATH (and TMPDIR for rustc) and nothing else of the caller's, so no
-keys; stdin from us, stdout capped, rlimits set in the child. Reading the held-out file is what `prefix`
-is for: the scorer passes a `setpriv` command that drops to an unprivileged uid, so neither
-`include_str!` at compile time nor the program at run time can open a root-only file. The scorer also
-runs each test's program in a cgroup of its own (`evaluate_program`'s `run`); here, a process a program
-forked, moved to a session of its own and detached from our pipes is left to the sandbox around it, as is
-rustc's memory (capped only loosely, COMPILE_DATA_BYTES).
+Shared: the scorer uses this package, and the agent's workspace gets a copy (`rust_codecontests_utils/`)
+for its evaluate.py and scaffold, so it imports the standard library only (processes: `_limited`). The
+scorer runs untrusted programs with it: every rustc and every program runs in a session of its own, killed
+as a group when it ends or runs out of time (with whatever it forked and moved out of the group while
+holding our pipes), with an environment of PATH (and TMPDIR for rustc) and nothing else of the caller's,
+so no keys; stdin from us, stdout capped, rlimits set in the child. Reading the held-out file is what
+`prefix` is for: the scorer passes a `setpriv` command that drops to an unprivileged uid, so neither
+`include_str!` at compile time nor the program at run time can open a root-only file. The scorer also runs
+each test's program in a cgroup of its own (`evaluate_program`'s `run`); here, a process a program forked,
+moved to a session of its own and detached from our pipes is left to the sandbox around it, as is rustc's
+memory (capped only loosely, COMPILE_DATA_BYTES).
 
 Verdicts follow contest judges: stdout compared after trimming (`outputs_match`), a non-zero exit is a
 runtime error even when the output is right, and the wall-clock limit is the problem's time limit.
@@ -18,8 +18,6 @@ runtime error even when the output is right, and the wall-clock limit is the pro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import math
 import os
@@ -33,6 +31,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ._limited import run_limited
 
 __all__ = [
     "CompileResult", "ProgramResult", "TestOutcome", "compile_rust", "evaluate_problem", "evaluate_program",
@@ -60,9 +60,7 @@ COMPILE_ERROR_CHARS = 4000  # errors come first; the rest of a long report says 
 # stricter: a Vec may reserve up to twice what it holds, and a thread with a huge stack (a Rust idiom for
 # deep recursion) reserves all of it; 64 MiB forgives the common cases.
 AS_MARGIN_BYTES = 64 << 20
-STDERR_KEEP_BYTES = 16 << 10
 STDERR_SNIPPET_CHARS = 1000
-KILL_GRACE_S = 2.0  # after a kill, how long the pipes may take to close before we stop reading
 RUN_PATH = "/usr/local/bin:/usr/bin:/bin"  # enough to find a prefix (setpriv); programs need nothing
 MEMORY_MARKERS = ("memory allocation of", "out of memory", "cannot allocate memory", "failed to allocate")
 PROXY_ENV = ("HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_HOME")  # only for an unresolved rustup proxy
@@ -167,156 +165,6 @@ def _compile_env(rustc: str, workdir: Path) -> dict[str, str]:
     return env
 
 
-# ------------------------------------------------------------------------------------ limited processes
-
-
-def _limits_preexec(limits: dict[int, int]) -> Callable[[], None]:
-    """A preexec_fn setting these rlimits in the child (soft = hard, but for CPU: SIGXCPU at the limit,
-    reported as a timeout, and SIGKILL a second later). Each is lowered to the caller's own hard limit
-    where that is lower (only root may raise one), so the child never fails to start over it. With a
-    setpriv prefix the limits are set on setpriv and carried by the program it execs."""
-    pairs: list[tuple[int, tuple[int, int]]] = []
-    for which, value in limits.items():
-        _, cap = resource.getrlimit(which)
-        hard = value + 1 if which == resource.RLIMIT_CPU else value
-        if cap != resource.RLIM_INFINITY:
-            value, hard = min(value, cap), min(hard, cap)
-        pairs.append((which, (value, hard)))
-
-    def preexec() -> None:
-        for which, pair in pairs:
-            resource.setrlimit(which, pair)
-
-    return preexec
-
-
-def _killpg(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-@dataclass
-class _Finished:
-    returncode: int | None
-    stdout: bytes
-    stderr: bytes
-    seconds: float
-    timed_out: bool
-    overflowed: bool
-
-
-async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 16)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                os.fdopen(fd, "rb", buffering=0))
-    return reader, transport
-
-
-def _kill_pipe_holders(inodes: set[int]) -> None:
-    """SIGKILL every process holding one of these pipes but us and our children: what a program forked
-    and moved out of its process group (setsid) while keeping its stdout. Our children are spared because
-    a child of ours being spawned holds every fd of ours until its exec, and the program itself, also our
-    child, was killed with its group. Best effort, Linux only (it reads /proc); a process that also closed
-    the pipes is beyond it, and beyond harm to the verdict."""
-    names, me = {f"pipe:[{i}]" for i in inodes}, os.getpid()
-    with contextlib.suppress(OSError), os.scandir("/proc") as procs:
-        for entry in procs:
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{entry.name}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
-                        continue
-                with os.scandir(f"/proc/{entry.name}/fd") as fds:
-                    if any(os.readlink(fd.path) in names for fd in fds):
-                        os.kill(int(entry.name), signal.SIGKILL)
-
-
-async def _run_limited(argv: Sequence[str], *, stdin: bytes | None, timeout_s: float, limits: dict[int, int],
-                       env: dict[str, str], cwd: Path, stdout_limit: int) -> _Finished:
-    """Run argv in a new session under `limits`, feeding stdin while reading stdout (at most stdout_limit
-    bytes: one more and the group is killed) and the head of stderr. The group is killed at timeout_s,
-    and also as soon as the command ends: nothing it started outlives it, nor keeps our pipes open. stdout
-    and stderr are our own pipes (not asyncio's PIPE) so that we know their inodes, and so that wait()
-    means the process's exit on every Python version."""
-    loop = asyncio.get_running_loop()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    inodes = {os.fstat(out_r).st_ino, os.fstat(err_r).st_ino}
-    transports: list[asyncio.BaseTransport] = []
-    try:
-        t0 = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=out_w, stderr=err_w, cwd=cwd, env=env, start_new_session=True,
-            preexec_fn=_limits_preexec(limits))
-    except BaseException:
-        os.close(out_r)
-        os.close(err_r)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    overflowed = False
-    out_reader, out_tr = await _pipe_reader(out_r)
-    err_reader, err_tr = await _pipe_reader(err_r)
-    transports += [out_tr, err_tr]
-
-    async def feed() -> None:
-        assert proc.stdin is not None
-        pipe = proc.stdin.get_extra_info("pipe")
-        if pipe is not None:
-            inodes.add(os.fstat(pipe.fileno()).st_ino)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin or b"")
-            await proc.stdin.drain()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.close()
-
-    async def read_stdout() -> bytes:
-        nonlocal overflowed
-        chunks, size = [], 0
-        while chunk := await out_reader.read(1 << 16):
-            size += len(chunk)
-            if size > stdout_limit:
-                overflowed = True
-                _killpg(proc.pid)
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def read_stderr() -> bytes:
-        kept = bytearray()
-        while chunk := await err_reader.read(1 << 16):
-            kept += chunk[:max(0, STDERR_KEEP_BYTES - len(kept))]
-        return bytes(kept)
-
-    waiter = asyncio.ensure_future(proc.wait())
-    out_task, err_task = asyncio.ensure_future(read_stdout()), asyncio.ensure_future(read_stderr())
-    tasks = [waiter, out_task, err_task] + ([asyncio.ensure_future(feed())] if stdin is not None else [])
-    try:
-        await asyncio.wait([waiter], timeout=timeout_s)
-        timed_out = not waiter.done() and not overflowed
-        seconds = time.monotonic() - t0
-        _killpg(proc.pid)
-        _, rest = await asyncio.wait(tasks, timeout=0.2)  # the pipes drain, or close as the group dies
-        if rest:  # something it forked left the group and holds a pipe
-            await loop.run_in_executor(None, _kill_pipe_holders, inodes)
-            await asyncio.wait(rest, timeout=KILL_GRACE_S)
-    finally:
-        for task in tasks:
-            task.cancel()
-        _killpg(proc.pid)
-        for transport in transports:
-            transport.close()
-    return _Finished(
-        returncode=proc.returncode,
-        stdout=out_task.result() if out_task.done() and not out_task.cancelled() else b"",
-        stderr=err_task.result() if err_task.done() and not err_task.cancelled() else b"",
-        seconds=seconds, timed_out=timed_out, overflowed=overflowed)
-
-
 # ------------------------------------------------------------------------------------------ compiling
 
 
@@ -354,7 +202,7 @@ async def compile_rust(source: str, workdir: Path, *, timeout_s: float = 30, rus
     limits = {resource.RLIMIT_FSIZE: COMPILE_FSIZE_BYTES, resource.RLIMIT_DATA: COMPILE_DATA_BYTES,
               resource.RLIMIT_CPU: 2 * math.ceil(timeout_s) + 5, resource.RLIMIT_CORE: 0}
     try:
-        done = await _run_limited(argv, stdin=None, timeout_s=timeout_s, limits=limits,
+        done = await run_limited(argv, stdin=None, timeout_s=timeout_s, limits=limits,
                                   env=_compile_env(rustc, workdir), cwd=workdir, stdout_limit=1 << 20)
     except OSError as e:
         return CompileResult(False, f"could not start rustc: {e}", time.monotonic() - t0)
@@ -420,7 +268,7 @@ async def run_test(binary: Path, input_text: str, expected: str, *, timeout_s: f
     if nproc is not None:
         limits[resource.RLIMIT_NPROC] = nproc
     try:
-        done = await _run_limited([*prefix, str(binary)], stdin=input_text.encode("utf-8"),
+        done = await run_limited([*prefix, str(binary)], stdin=input_text.encode("utf-8"),
                                   timeout_s=timeout_s, limits=limits, env={"PATH": RUN_PATH},
                                   cwd=cwd or binary.parent, stdout_limit=output_limit_bytes)
     except OSError as e:

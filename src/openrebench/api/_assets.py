@@ -23,8 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from openrebench.api import OpenRebenchError, stage
-from openrebench.api import cache_dir as default_cache_dir
+from openrebench.base import OpenRebenchError
+from openrebench.base import cache_dir as default_cache_dir
+
+from ._progress import stage
 
 MANIFEST = "manifest.json"
 WORK = "work"
