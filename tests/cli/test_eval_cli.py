@@ -17,7 +17,8 @@ from analysis_helpers import real_log
 from openrebench.api import ModelBudget, OpenRebenchError, describe_duration
 from openrebench.cli import app
 from openrebench.cli._common import duration
-from openrebench.cli._eval import _exit_code, _failures
+from openrebench.cli._eval_results import exit_code
+from openrebench.cli._eval_results import failures as eval_failures
 from openrebench.harness import TaskArgError, environment_tasks
 from openrebench.harness.agents.react import system_prompt
 from openrebench.runs import get_environment
@@ -180,7 +181,7 @@ def _sample_error(log: EvalLog, message: str, traceback: str = "") -> None:
 
 
 def test_a_successful_log_is_no_failure() -> None:
-    assert _failures([real_log()], ["optimize_kernel"]) == [] and _exit_code([]) == 0
+    assert eval_failures([real_log()], ["optimize_kernel"]) == [] and exit_code([]) == 0
 
 
 def test_failed_and_unscored_samples_are_listed_even_in_a_successful_log() -> None:
@@ -189,11 +190,11 @@ def test_failed_and_unscored_samples_are_listed_even_in_a_successful_log() -> No
                   "Traceback (most recent call last):\n  File ...\nNotADirectoryError: [Errno 20] Not a "
                   "directory: '/x/runs'\n")
     unscored.samples[0].scores = {}  # type: ignore[index]
-    failures = _failures([errored, unscored], ["optimize_kernel"])
+    failures = eval_failures([errored, unscored], ["optimize_kernel"])
     assert failures == [
         ("optimize_kernel (epoch 1)", "error", "NotADirectoryError: [Errno 20] Not a directory: '/x/runs'"),
         ("optimize_kernel (epoch 1)", "unscored", "the sample was not scored")]
-    assert _exit_code(failures) == 1
+    assert exit_code(failures) == 1
 
 
 def test_a_failed_eval_gives_its_reason_in_one_line() -> None:
@@ -201,20 +202,20 @@ def test_a_failed_eval_gives_its_reason_in_one_line() -> None:
     log.samples, log.status = [], "error"
     log.error = EvalError(message="OpenRebenchError('this environment needs 1 GPU(s); this machine shows 0')",
                           traceback="", traceback_ansi="")
-    failures = _failures([log], ["optimize_kernel"])
+    failures = eval_failures([log], ["optimize_kernel"])
     assert failures == [("optimize_kernel", "error",
                          "OpenRebenchError: this environment needs 1 GPU(s); this machine shows 0")]
-    assert _exit_code(failures) == 1
+    assert exit_code(failures) == 1
 
 
 def test_an_interrupted_eval_exits_130() -> None:
     """On Ctrl-C Inspect returns no logs at all (it writes them cancelled), or a cancelled one."""
-    assert _failures([], ["optimize_kernel"]) == [
+    assert eval_failures([], ["optimize_kernel"]) == [
         ("optimize_kernel", "cancelled", "interrupted (its log in --log-dir says how far it got)")]
     log = real_log()
     log.samples, log.status = [], "cancelled"
-    failures = _failures([log], ["optimize_kernel"])
-    assert failures == [("optimize_kernel", "cancelled", "interrupted")] and _exit_code(failures) == 130
+    failures = eval_failures([log], ["optimize_kernel"])
+    assert failures == [("optimize_kernel", "cancelled", "interrupted")] and exit_code(failures) == 130
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from inspect_ai.log import EvalError
 from typer.testing import CliRunner
 
 from openrebench.cli import app
-from openrebench.cli._eval import _one_line, parse_model_args
+from openrebench.cli._eval import parse_model_args
+from openrebench.cli._eval_results import one_line
 from openrebench.isolation import bwrap_binary
 
 pytest.importorskip("openai")
@@ -163,7 +164,7 @@ tenacity.RetryError: RetryError[<Future at 0x7f state=finished raised APIConnect
 """
     error = EvalError(message="RetryError(<Future at 0x7f state=finished raised APIConnectionError>)",
                       traceback=traceback, traceback_ansi="")
-    assert _one_line(error) == ("APIConnectionError: Connection error. (ConnectError: All connection "
+    assert one_line(error) == ("APIConnectionError: Connection error. (ConnectError: All connection "
                                 "attempts failed)")
 
 

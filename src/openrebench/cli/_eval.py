@@ -3,24 +3,23 @@ that says whether every attempt was scored."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
-import shlex
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import click
 import typer
-from rich.table import Table
 from typer.core import TyperCommand
 
-from openrebench.api import OpenRebenchError, describe_duration
+from openrebench.api import OpenRebenchError
 
-from ._common import TierOpt, console, duration, err, fmt, get_env, parse_env_models, user_errors
+from ._common import TierOpt, console, duration, err, get_env, parse_env_models, user_errors
+from ._eval_results import report
 
 # What the help says of some agents and isolations; the names themselves come from the harness's
 # registries, so one registered later is listed (without a note) with no change here.
@@ -67,57 +66,6 @@ def _check_gpus(env_ids: list[str], tier: str) -> None:
                                    "(OPENREBENCH_GPUS)")
 
 
-# Exceptions that only wrap the one that failed: Inspect's retries (tenacity) end in a RetryError whose
-# text names no cause ("RetryError[<Future … raised APIConnectionError>]").
-WRAPPERS = re.compile(r"(?:tenacity\.)?RetryError\b")
-
-
-def _exceptions(traceback: str) -> list[str]:
-    """The exception lines of a traceback, the first cause first (each traceback of a chain ends with
-    one, not indented: the code lines are); none where the last line is not one."""
-    lines = [x.rstrip() for x in traceback.splitlines() if x.strip()]
-    found = [x for x in lines if x[:1].strip() and re.match(r"[\w.]+(: |$)", x)]
-    return found if found and found[-1] == lines[-1] else []
-
-
-def _one_line(error: Any) -> str:
-    """One line for an Inspect error: the exception as its traceback's last line states it (the message
-    alone is a repr that can drop the detail), without the exception's module path. Where that is a
-    retry's wrapper, the exception it wraps instead, with the first cause (a model provider that cannot
-    be reached: `APIConnectionError: Connection error. (ConnectError: All connection attempts failed)`)."""
-    found = _exceptions(error.traceback or "")
-    if len(found) > 1 and WRAPPERS.match(found[-1]):
-        line = found[-2] + (f" ({_short_name(found[0])})" if len(found) > 2 else "")
-    elif found:
-        line = found[-1]
-    else:
-        line = next((x.strip() for x in error.message.splitlines() if x.strip()), "no message")
-        if m := re.fullmatch(r"(\w+)\((['\"])(.*)\2\)", line):  # OpenRebenchError('...')
-            line = f"{m[1]}: {m[3]}"
-    return _short_name(line)[:200]
-
-
-def _short_name(line: str) -> str:
-    """An exception line without the exception's module path."""
-    return re.sub(r"^(?:\w+\.)+(?=\w+(: |$))", "", line)
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
-
-
-def _task_time(log: Any) -> str:
-    """A task's wall time from its log: its set-up, every attempt and scoring (its samples run at once)."""
-    from datetime import datetime
-
-    stats = log.stats
-    try:
-        began, done = datetime.fromisoformat(stats.started_at), datetime.fromisoformat(stats.completed_at)
-    except (TypeError, ValueError, AttributeError):
-        return ""
-    return _minutes((done - began).total_seconds())
-
-
 def _time_limits(text: str | None) -> list[float | None]:
     """`--time-limit`: one working time, several (a campaign), or None for the tier's."""
     if not text:
@@ -126,37 +74,6 @@ def _time_limits(text: str | None) -> list[float | None]:
     if len(set(limits)) != len(limits):
         raise OpenRebenchError(f"--time-limit {text}: a time limit is given twice")
     return list(limits)
-
-
-def _failures(logs: list[Any], task_names: list[str]) -> list[tuple[str, str, str]]:
-    """(what, status, one-line reason) for each sample that errored or has no score, each eval that did
-    not succeed where no sample says why (an eval can succeed while one of its samples failed), and each
-    task without a log: on Ctrl-C Inspect writes the cancelled logs but returns none of them."""
-    returned = {log.eval.task for log in logs}
-    out = [(name, "cancelled", "interrupted (its log in --log-dir says how far it got)")
-           for name in dict.fromkeys(task_names) if name not in returned]
-    for log in logs:
-        task = log.eval.task
-        samples: list[tuple[str, str, str]] = []
-        for sample in log.samples or []:
-            where = f"{task} (epoch {sample.epoch})"
-            if sample.error is not None:
-                samples.append((where, "error", _one_line(sample.error)))
-            elif not sample.scores:
-                reason = f"{sample.limit.type} limit hit" if sample.limit else "the sample was not scored"
-                samples.append((where, "unscored", reason))
-        if log.status != "success" and not samples:
-            reason = {"cancelled": "interrupted", "started": "did not finish"}.get(log.status, "no samples")
-            samples.append((task, log.status, _one_line(log.error) if log.error else reason))
-        out.extend(samples)
-    return out
-
-
-def _exit_code(failures: list[tuple[str, str, str]]) -> int:
-    """130 when an eval was interrupted (as a shell reports Ctrl-C), 1 when anything failed, else 0."""
-    if any(status == "cancelled" for _, status, _ in failures):
-        return 130
-    return 1 if failures else 0
 
 
 def parse_model_args(pairs: list[str]) -> tuple[str | None, dict[str, Any]]:
@@ -200,13 +117,6 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     names = {"model_base_url": "--model-arg", "model_args": "--model-arg", "max_retries": "--max-retries",
              "timeout": "--timeout", "max_connections": "--max-connections"}
     return list(dict.fromkeys(names[k] for k in options))
-
-
-def _inspect_command() -> str:
-    """`inspect` as a command that works as printed: the one beside this Python (the virtual
-    environment's, even when it is not activated), else whatever `inspect` is on the PATH."""
-    exe = Path(sys.executable).parent / "inspect"
-    return shlex.quote(str(exe)) if exe.is_file() else "inspect"
 
 
 @user_errors
@@ -288,11 +198,64 @@ def eval_(
     from inspect_ai import eval_set
     from inspect_ai.solver import SolverSpec
 
+    plan = _plan(env_ids, tier, agent, solver, model, model_arg or [], max_retries, timeout, max_connections,
+                 time_limit, isolation, cluster, prices, env_model or [],
+                 {"model_budget_usd": model_budget_usd, "model_budget_tokens": model_budget_tokens})
+    if cluster is not None:  # each attempt a Ray task on the node that holds its GPUs: openrebench.cluster
+        _eval_on_cluster(plan, cluster, log_dir=log_dir, runs_dir=runs_dir, retry_attempts=retry_attempts,
+                         resume=resume, max_samples=max_samples, display=display, isolation=isolation,
+                         epochs=epochs, message_limit=message_limit, token_limit=token_limit, prices=prices,
+                         max_cost=max_cost, yes=yes)
+        return
+    if login_user is not None:
+        _check_user(login_user)
+        os.environ["OPENREBENCH_LOGIN_USER"] = login_user
+    if resume:  # read by each attempt's set-up, not a task argument (which would change the tasks' identity)
+        os.environ["OPENREBENCH_RESUME"] = "1"
+    tasks = _tasks(plan, runs_dir=runs_dir, isolation=isolation, message_limit=message_limit,
+                   token_limit=token_limit, solver=solver)
+    if plan.agent_spec.needs_model and plan.model is not None:
+        _check_cost(plan.model, plan.ids, tier, plan.limits, epochs, message_limit, token_limit, prices,
+                    agent, max_cost, yes)
+    _check_credentials(plan, tasks)
+    # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
+    options = {"model": plan.model or "none", "epochs": epochs, "log_dir": str(log_dir),
+               "max_samples": max_samples, "display": display, **plan.made_with,
+               **({"solver": SolverSpec(solver)} if solver is not None else {})}
+    began = time.monotonic()
+    with plan.serving:
+        if retry_attempts or resume:
+            _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
+        else:
+            logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
+    report(logs, plan.ids, tasks, f"openrebench eval — {solver or agent} on {tier}", time.monotonic() - began,
+           log_dir, campaign=len(plan.limits) > 1)
+
+
+@dataclass
+class _Plan:
+    """eval's arguments, checked once: what every later step reads."""
+
+    ids: list[str]
+    tier: str
+    agent: str
+    agent_spec: Any
+    model: str | None
+    serving: contextlib.AbstractContextManager[Any]  # the local model's server while the eval runs
+    made_with: dict[str, Any]  # Inspect's options for making the agent's model
+    limits: list[float | None]  # working time per run, one campaign per entry
+    env_models: dict[str, dict[str, Any]]
+    budgets: dict[str, Any]
+
+
+def _plan(env_ids: list[str], tier: str, agent: str, solver: str | None, model: str | None,
+          model_arg: list[str], max_retries: int | None, timeout: int | None, max_connections: int | None,
+          time_limit: str | None, isolation: str, cluster: str | None, prices: Path | None,
+          env_model: list[str], budgets: dict[str, Any]) -> _Plan:
+    """Every argument checked before anything is set up; one line naming what is wrong otherwise."""
     from openrebench.harness import (
         ISOLATIONS,
         check_client,
-        check_credentials,
-        environment_tasks,
         get_agent,
         isolation_problem,
         resolve_agent_model,
@@ -315,12 +278,11 @@ def eval_(
     model, serving = resolve_agent_model(model)  # `local`: the offline model, served while the eval runs
     if model is not None:
         check_client(model)
-    made_with = model_options(model, model_arg or [], max_retries, timeout, max_connections)
+    made_with = model_options(model, model_arg, max_retries, timeout, max_connections)
     if cluster is not None and made_with:
         raise OpenRebenchError(f"--cluster does not pass {', '.join(_flags(made_with))} to its nodes yet: "
                                "leave them out or run on one machine")
     limits = _time_limits(time_limit)
-    seconds = limits[0]
     if cluster is not None and len(limits) > 1:
         raise OpenRebenchError("--cluster runs one --time-limit per campaign: give one, and run the "
                                "command once per time limit")
@@ -328,111 +290,64 @@ def eval_(
         from openrebench.gateway import load_prices, model_service
 
         model_service().prices = load_prices(prices)
-    env_models = parse_env_models(env_model or [], ids, tier)
-    budgets = {"model_budget_usd": model_budget_usd, "model_budget_tokens": model_budget_tokens}
+    env_models = parse_env_models(env_model, ids, tier)
     if any(v is not None for v in budgets.values()) and not any(get_env(e).tier(tier).models for e in ids):
         raise OpenRebenchError(f"--model-budget-*: no environment chosen declares models in the {tier} tier")
-    if cluster is not None:  # each attempt a Ray task on the node that holds its GPUs: openrebench.cluster
-        from openrebench.cluster import eval_on_cluster
+    return _Plan(ids, tier, agent, agent_spec, model, serving, made_with, limits, env_models, budgets)
 
-        if agent_spec.needs_model and model is not None:
-            _check_cost(model, ids, tier, seconds, epochs, message_limit, token_limit, prices, agent,
-                        max_cost, yes)
-        if model is not None:  # the driver passes provider keys (*_API_KEY) to the nodes
-            check_credentials(model)
-        code = eval_on_cluster(cluster, ids, log_dir=log_dir, runs_dir=runs_dir,
-                               retry_attempts=retry_attempts, resume=resume, max_in_flight=max_samples,
-                               display=display, console=console, err=err, tier=tier, agent=agent, model=model,
-                               epochs=epochs, time_limit_s=seconds, isolation=isolation,
-                               message_limit=message_limit, token_limit=token_limit, env_models=env_models,
-                               model_budget_usd=model_budget_usd, model_budget_tokens=model_budget_tokens)
-        if code:
-            raise typer.Exit(code)
-        return
-    if login_user is not None:
-        _check_user(login_user)
-        os.environ["OPENREBENCH_LOGIN_USER"] = login_user
-    if resume:  # read by each attempt's set-up, not a task argument (which would change the tasks' identity)
-        os.environ["OPENREBENCH_RESUME"] = "1"
-    # Making the tasks checks their arguments and the machine (nothing is set up yet).
-    made = environment_tasks()
-    tasks = [made[e](tier=tier, agent=agent, time_limit=s, runs_dir=str(runs_dir.resolve()),
-                     isolation=isolation, message_limit=message_limit, token_limit=token_limit,
-                     **(budgets if get_env(e).tier(tier).models else {}), **env_models[e])
-             for e in ids for s in limits]
-    _check_gpus(ids, tier)
-    if solver is not None:  # the analysis groups attempts by the task's agent: name the one that ran
-        for t in tasks:
-            t.metadata = {**(t.metadata or {}), "agent": solver}
-    if agent_spec.needs_model and model is not None:
-        _check_cost(model, ids, tier, limits, epochs, message_limit, token_limit, prices, agent,
-                    max_cost, yes)
-    if model is not None:
-        check_credentials(model, made_with.get("model_base_url"), made_with.get("model_args"))
-    # The environments' models too: the harness holds their keys, the sandboxes never see them.
-    env_specs = {m for t in tasks for m in (t.metadata or {}).get("env_models", {}).values()}
-    for spec in sorted(env_specs - {"local"}):
-        check_credentials(spec)
-    # "none" is Inspect's no-model model: the oracle and human agents call none, and the display says so.
-    options = {"model": model or "none", "epochs": epochs, "log_dir": str(log_dir),
-               "max_samples": max_samples, "display": display, **made_with,
-               **({"solver": SolverSpec(solver)} if solver is not None else {})}
-    began = time.monotonic()
-    with serving:
-        if retry_attempts or resume:
-            _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
-        else:
-            logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
-    _print_results(logs, ids, f"openrebench eval — {solver or agent} on {tier}", campaign=len(limits) > 1)
-    took, count = _minutes(time.monotonic() - began), f"{len(tasks)} task{'s' * (len(tasks) != 1)}"
-    console.print(f"Total: {count} in {took} (set-ups, attempts and scorings; each task's own in the time "
-                  "column)", highlight=False)
-    failures = _failures(logs, [t.name for t in tasks])
-    for what, status, reason in failures:
-        err.print(f"[bold red]{status}:[/] {what}: {reason}", highlight=False, soft_wrap=True)
-    console.print(f"Inspect logs: {log_dir} (open them with `{_inspect_command()} view --log-dir "
-                  f"{shlex.quote(str(log_dir))}`)", highlight=False, soft_wrap=True)
-    if code := _exit_code(failures):
+
+def _eval_on_cluster(plan: _Plan, cluster: str, *, log_dir: Path, runs_dir: Path, retry_attempts: int,
+                     resume: bool, max_samples: int | None, display: str | None, isolation: str, epochs: int,
+                     message_limit: str | None, token_limit: str | None, prices: Path | None, max_cost: float,
+                     yes: bool) -> None:
+    """The campaign as Ray tasks (openrebench.cluster); exits with its code where it is not 0."""
+    from openrebench.cluster import eval_on_cluster
+    from openrebench.harness import check_credentials
+
+    seconds = plan.limits[0]
+    if plan.agent_spec.needs_model and plan.model is not None:
+        _check_cost(plan.model, plan.ids, plan.tier, seconds, epochs, message_limit, token_limit, prices,
+                    plan.agent, max_cost, yes)
+    if plan.model is not None:  # the driver passes provider keys (*_API_KEY) to the nodes
+        check_credentials(plan.model)
+    code = eval_on_cluster(cluster, plan.ids, log_dir=log_dir, runs_dir=runs_dir,
+                           retry_attempts=retry_attempts, resume=resume, max_in_flight=max_samples,
+                           display=display, console=console, err=err,
+                           tier=plan.tier, agent=plan.agent, model=plan.model, epochs=epochs,
+                           time_limit_s=seconds, isolation=isolation, message_limit=message_limit,
+                           token_limit=token_limit, env_models=plan.env_models, **plan.budgets)
+    if code:
         raise typer.Exit(code)
 
 
-def _print_results(logs: list[Any], ids: list[str], title: str, *, campaign: bool) -> None:
-    """The results table (an attempt per row), where each environment's constants came from, and a
-    warning for attempts that ran unisolated."""
-    from openrebench.harness import ended, results_caption
-    from openrebench.runs import ScoreMetadata
+def _tasks(plan: _Plan, *, runs_dir: Path, isolation: str, message_limit: str | None,
+           token_limit: str | None, solver: str | None) -> list[Any]:
+    """One Inspect task per environment and time limit; making them checks their arguments and the
+    machine (nothing is set up yet)."""
+    from openrebench.harness import environment_tasks
 
-    table = Table(title=title, caption=results_caption(logs), caption_justify="left")
-    for col in ("environment", *(("time limit",) if campaign else ()), "epoch", "normalised", "raw", "ended",
-                "time", "run"):
-        # The environment's name whole (the run's path folds instead, at any terminal width).
-        whole = col == "environment"
-        table.add_column(col, justify="left" if col in ("environment", "ended", "run") else "right",
-                         no_wrap=whole, min_width=max(map(len, ids)) if whole else None,
-                         overflow="fold" if col == "run" else "ellipsis")
-    unisolated = 0
-    sources: dict[str, set[str]] = {}  # each environment's normalisation constants, where they come from
-    for log in logs:
-        for sample in log.samples or []:
-            for score in (sample.scores or {}).values():
-                meta = ScoreMetadata.read(score.metadata, log.location or log.eval.task)
-                if meta.constants_source:
-                    sources.setdefault(log.eval.task, set()).add(meta.constants_source)
-                value = f"{float(score.value):.3f}"
-                if meta.isolated is False:  # a measurement of nothing: said where it is read
-                    value, unisolated = f"{value} UNISOLATED", unisolated + 1
-                limit = getattr(log.eval.config, "working_limit", None)  # as the caption reads it
-                table.add_row(log.eval.task, *((describe_duration(float(limit)) if limit else "tier's",)
-                                               if campaign else ()),
-                              str(sample.epoch), value, fmt(meta.raw), ended(sample),
-                              _task_time(log), meta.run_dir or "")
-    if table.rows:
-        console.print(table)
-    for task, said in sorted(sources.items()):  # a self-calibrated machine or a default says so here
-        console.print(f"{task} normalised with: {'; '.join(sorted(said))}", highlight=False, soft_wrap=True)
-    if unisolated:
-        err.print(f"[bold red]warning:[/] {unisolated} attempt(s) ran with --isolation none: nothing was "
-                  "isolated, so their scores measure nothing", highlight=False, soft_wrap=True)
+    made = environment_tasks()
+    tasks = [made[e](tier=plan.tier, agent=plan.agent, time_limit=s, runs_dir=str(runs_dir.resolve()),
+                     isolation=isolation, message_limit=message_limit, token_limit=token_limit,
+                     **(plan.budgets if get_env(e).tier(plan.tier).models else {}), **plan.env_models[e])
+             for e in plan.ids for s in plan.limits]
+    _check_gpus(plan.ids, plan.tier)
+    if solver is not None:  # the analysis groups attempts by the task's agent: name the one that ran
+        for t in tasks:
+            t.metadata = {**(t.metadata or {}), "agent": solver}
+    return tasks
+
+
+def _check_credentials(plan: _Plan, tasks: list[Any]) -> None:
+    """The agent's model's key, and the environments' models' (the harness holds them: the sandboxes
+    never see them)."""
+    from openrebench.harness import check_credentials
+
+    if plan.model is not None:
+        check_credentials(plan.model, plan.made_with.get("model_base_url"), plan.made_with.get("model_args"))
+    env_specs = {m for t in tasks for m in (t.metadata or {}).get("env_models", {}).values()}
+    for spec in sorted(env_specs - {"local"}):
+        check_credentials(spec)
 
 
 def _check_cost(model: str, ids: list[str], tier: str, limits: float | Sequence[float | None] | None,
