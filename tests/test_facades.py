@@ -59,3 +59,17 @@ def test_the_check_finds_such_an_import(tmp_path: Path, monkeypatch: pytest.Monk
     assert _private_imports_across_packages() == [
         "openrebench/environments/toy/env.py:2: openrebench.environments.other._a",
         "openrebench/runs/x.py:2: openrebench.isolation._bwrap"]
+
+
+
+def test_the_analysis_reads_logs_without_the_harness() -> None:
+    """Prices (the gateway's) and time limits (the runs layer's) come from below the harness: no module of
+    the analysis imports it. (Inspect itself imports the harness's task registry through its entry point
+    when it reads a log; that is Inspect's loading of plug-ins, not the analysis's.)"""
+    root = Path(openrebench.__file__).parent / "analysis"
+    found = [f"{path.name}: {name}" for path in sorted(root.glob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+             if name.startswith("openrebench.harness")]
+    assert not found, found

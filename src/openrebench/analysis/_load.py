@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from openrebench.api import NormConstants, OpenRebenchError
-from openrebench.runs import ScoreMetadata, ScoreRow, paper_matched
+from openrebench.runs import TIME_LIMIT_RANGE, TIME_LIMIT_RANGE_S, ScoreMetadata, ScoreRow, paper_matched
 
 from ._environments import registered_facts
 from ._model import Attempt, Dataset, EnvFacts, ModelUse
@@ -71,8 +71,6 @@ def _group_label(agent: str, model: str, tier: str) -> str:
 def _time_limit_h(log: Any) -> float | str:
     """The run length in hours, or why the log gives none usable: missing, not a number, or outside
     the range `openrebench eval` and the tasks accept (a log edited by hand or from an older version)."""
-    from openrebench.harness import TIME_LIMIT_RANGE, TIME_LIMIT_RANGE_S
-
     seconds = getattr(log.eval.config, "working_limit", None)
     if seconds is None:
         seconds = (log.eval.task_args or {}).get("time_limit")
@@ -91,7 +89,7 @@ def _time_limit_h(log: Any) -> float | str:
 
 class _Prices:
     """Dollars for the agent's tokens: Inspect's own cost where the log has one, else `--prices`, else the
-    harness's price table (list prices, the offline model at 0), each model looked up once; which models
+    gateway's price table (list prices, the offline model at 0), each model looked up once; which models
     were priced from the table is noted, as those prices may be stale."""
 
     def __init__(self, given: Mapping[str, Mapping[str, float]] | None) -> None:
@@ -102,7 +100,7 @@ class _Prices:
         if self.given and model in self.given:
             return dict(self.given[model])
         if model not in self.found:
-            from openrebench.harness import find_price
+            from openrebench.gateway import find_price
 
             self.found[model] = find_price(model)
         return self.found[model][0]

@@ -23,6 +23,8 @@ from inspect_ai.solver import TaskState
 
 from openrebench.api import LOCAL_MODEL, Environment, ModelBudget, OpenRebenchError
 from openrebench.runs import (
+    TIME_LIMIT_RANGE,
+    TIME_LIMIT_RANGE_S,
     ScoreMetadata,
     environment_classes,
     final_row,
@@ -108,10 +110,6 @@ def rebench_scorer() -> Scorer:
     return execute
 
 
-# A minute at least: set-up and the first scoring are not charged, but an attempt shorter than one
-# scoring measures nothing. A week at most: beyond that the number is a typo (1e9h), not a budget.
-TIME_LIMIT_RANGE_S = (60.0, 7 * 24 * 3600.0)
-TIME_LIMIT_RANGE = "1 minute to 7 days (60 to 604800 seconds)"
 
 try:  # Inspect's CLI prints these as their message alone, without a traceback
     from inspect_ai._util.error import PrerequisiteError as _Plain

@@ -18,7 +18,7 @@ from ._files import install_reference, place, protected_leaks, run_files
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._normalise import final_row, final_score, normalise, paper_constants, paper_matched
 from ._registry import ENTRY_POINT_GROUP, environment_classes, environment_ids, get_environment, refresh
-from ._run import Run, RunInfo
+from ._run import TIME_LIMIT_RANGE, TIME_LIMIT_RANGE_S, Run, RunInfo
 from ._score_log import ScoreRow, append_row, read_log
 from ._score_metadata import ScoreMetadata
 from ._scorer_process import ScoringAccess, ScoringAccessFn, score_solution
@@ -28,6 +28,8 @@ from ._snapshot import snapshot_workspace
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "TIME_LIMIT_RANGE",
+    "TIME_LIMIT_RANGE_S",
     "CalibrationRecord",
     "Hardware",
     "Run",

@@ -18,6 +18,11 @@ from openrebench.base import OpenRebenchError
 from ._hardware import Hardware, detect_hardware, tier_hardware_problem
 from ._score_log import ScoreRow, make_reserve, read_log
 
+# A minute at least: set-up and the first scoring are not charged, but an attempt shorter than one
+# scoring measures nothing. A week at most: beyond that the number is a typo (1e9h), not a budget.
+TIME_LIMIT_RANGE_S = (60.0, 7 * 24 * 3600.0)
+TIME_LIMIT_RANGE = "1 minute to 7 days (60 to 604800 seconds)"
+
 RUN_FILE = "run.json"
 LOG_FILE = "score_log.jsonl"
 
