@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from openrebench.isolation import bwrap_binary
+from openrebench.isolation import bwrap_binary, volume_problem
 
 pytestmark = pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available")
 
@@ -41,7 +41,8 @@ HARNESS = textwrap.dedent("""
         slow = "import time\\ndef prefix_sum(x):\\n    time.sleep(600)\\n"
         (run.workspace / "solution.py").write_text(slow)
         box = await OpenRebenchSandbox.for_run(run, SandboxConfig(env_id="optimize_kernel"))
-        first = await box.exec(["bash", "-c", "nohup sleep 600 >/dev/null 2>&1 & echo $!"])
+        first = await box.exec(["bash", "-c", "echo made inside > inside.txt; "
+                                              "nohup sleep 600 >/dev/null 2>&1 & echo $!"])
         pid = first.stdout.strip()  # (not pgrep -x sleep: under load nohup may not have exec'd sleep yet)
         second = await box.exec(["bash", "-c", f"kill -0 {pid} && echo {pid}"])
         scoring = asyncio.ensure_future(box.score())
@@ -50,7 +51,8 @@ HARNESS = textwrap.dedent("""
         print(json.dumps({"uid": box.backend.uid, "started": first.stdout.split(),
                           "seen": second.stdout.split(),
                           "cgroups": [str(d) for g in (machine.group, machine.agent_group) for d in g.dirs],
-                          "folders": [str(machine.control), str(box.home.root)]}), flush=True)
+                          "folders": [str(machine.control), str(box.home.root)],
+                          "volume": box.backend.volume is not None, "run": str(run.path)}), flush=True)
         try:
             if sys.argv[3] == "close":
                 await box.close()  # the attempt ends during a scoring
@@ -67,8 +69,16 @@ HARNESS = textwrap.dedent("""
 """)
 
 
+def _mounts_under(*tops: Path) -> list[str]:
+    """Mount points under these folders (an attempt's disk of its own, its workspace's bind)."""
+    targets = [line.split()[4].encode().decode("unicode_escape")
+               for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [f"mount {t}" for t in targets if any(Path(t).is_relative_to(top) for top in tops)]
+
+
 def _leftovers(info: dict, uids: set[int]) -> list[str]:
     left = [f"cgroup {d}" for d in info["cgroups"] if Path(d).exists()]
+    left += _mounts_under(*(Path(d) for d in info["folders"]), Path(info["run"]))
     left += [f"folder {d}" for d in info["folders"] if Path(d).exists()]
     for p in psutil.process_iter(["uids", "name", "status"]):
         ids = p.info["uids"]
@@ -99,6 +109,7 @@ def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path,
         assert line, "the harness printed nothing"
         info = json.loads(line)
         assert info["uid"] is None or info["uid"] >= 1_600_000_000
+        assert info["volume"] == (volume_problem() is None)  # a disk of its own wherever one can be made
         assert info["started"] and info["started"] == info["seen"]  # the job lived on into the next command
         during = _snapshots() - before
         assert during, "the scoring's snapshot should exist while it runs"
@@ -131,6 +142,11 @@ def test_background_work_lives_on_and_everything_goes_at_the_end(tmp_path: Path,
             print("the harness's stderr (its threads' stacks after SIGUSR1, its tasks' after SIGUSR2):\n"
                   + errors.read_text()[-30000:])
         assert left == [], (f"the harness {state}; its threads' stacks are printed below", left)
+        # The agent's file is in the run's workspace, however the attempt ended (from its disk of its own,
+        # copied back by the harness or, killed outright, by its janitor); no image is left behind.
+        run = Path(info["run"])
+        assert (run / "workspace" / "inside.txt").read_text() == "made inside\n"
+        assert not list(run.glob("workspace.img*"))
     finally:
         proc.kill()
         proc.wait()

@@ -126,6 +126,14 @@ class TierSpec(BaseModel, Generic[P]):
         "scoring only. For tiers whose scorings hold no held-out data the solution could carry on."))
     max_workspace_gb: float = Field(default=4, gt=0, description=(
         "The largest workspace a scoring copies (its snapshot): a bigger one scores invalid."))
+    disk_gb: float | None = Field(default=None, gt=0, description=(
+        "The attempt's disk of its own, where the harness can make one (root, loop devices): the "
+        "workspace, home, /tmp, /opt and /var/tmp together, a write past it failing with ENOSPC (None: "
+        "four times max_workspace_gb)."))
+
+    @property
+    def attempt_disk_bytes(self) -> int:
+        return int((self.disk_gb or 4 * self.max_workspace_gb) * 1024**3)
     gpus: int = Field(default=0, description="GPUs an attempt holds exclusively (0: one if device is "
                                              "cuda, else none).")
     params: P = Field(default_factory=NoParams,  # type: ignore[assignment] - a tier may need none

@@ -86,6 +86,7 @@ class SandboxConfig(BaseModel, frozen=True):
     memory_limit_gb: float = 8.0
     max_processes: int = 1024
     cpus: float | None = None  # CPU time of the whole attempt, in cores (default: all of them)
+    disk_gb: float | None = None  # the attempt's disk of its own (default: the tier's `attempt_disk_bytes`)
     gpu_wait_s: float | None = None
     models: tuple[tuple[str, str], ...] = ()  # (role, model) pairs: Inspect hashes the config
     model_budget_usd: float | None = None
@@ -247,7 +248,9 @@ class OpenRebenchSandbox(SandboxEnvironment):
             raise
         backend = backend_cls(SandboxedAttempt(run, home, lease, network=config.network,
                                       memory_bytes=int(config.memory_limit_gb * 1024**3),
-                                      max_processes=config.max_processes, cpus=config.cpus, models=access))
+                                      max_processes=config.max_processes, cpus=config.cpus, models=access,
+                                      disk_bytes=int(config.disk_gb * 1024**3) if config.disk_gb
+                                      else run.env.tier(run.info.tier).attempt_disk_bytes))
         try:
             await backend.start()
             box = cls(run, config, home, backend, lease, models)

@@ -23,8 +23,10 @@ from ._janitor import janitor_pid, process_alive
 from ._machine import Machine, MachineSpec, OutputLimitExceeded, SandboxDied
 from ._namespace import pid_namespace_prefix
 from ._quiet import acquire_slot, held_slot, measurement_slot, quiet_machine
+from ._volume import IMAGE_NAME, Volume, volume_problem
 
 __all__ = [
+    "IMAGE_NAME",
     "SANDBOX_UID",
     "Bind",
     "Cgroup",
@@ -36,6 +38,7 @@ __all__ = [
     "ProcessLimits",
     "SandboxDied",
     "SandboxSpec",
+    "Volume",
     "acquire_slot",
     "all_gpu_nodes",
     "allocate_uid",
@@ -55,4 +58,5 @@ __all__ = [
     "quiet_machine",
     "sandbox_path",
     "visible_gpus",
+    "volume_problem",
 ]

@@ -8,8 +8,10 @@ it, and tells it what to clean (`track`) and what is already clean (`untrack`). 
 the harness's exit of any kind, the janitor kills whatever is left in the tracked cgroups, removes them
 and the tracked folders, and exits.
 
-The protocol is one line per message, `track|untrack cgroup|dir PATH`, each written whole (shorter
-than PIPE_BUF), so messages from the harness's threads never interleave.
+The protocol is one line per message, `track|untrack cgroup|volume|dir PATH`, each written whole
+(shorter than PIPE_BUF), so messages from the harness's threads never interleave. A volume (an
+attempt's disk of its own, `_volume`) is released after the cgroups' processes are killed and before
+the folders go: its workspace is copied back into the run folder (or its image kept there).
 """
 
 from __future__ import annotations
@@ -95,10 +97,12 @@ def janitor_pid() -> int | None:
     return _janitor[1] if _janitor is not None and _janitor[0] == os.getpid() else None
 
 
-def _clean(cgroups: list[str], dirs: list[str], timeout_s: float = 30.0) -> None:
-    """Kill what is left in the cgroups and remove them, then the folders. All groups at once, again and
-    again until they are gone: a process belongs to a group in every hierarchy, and a frozen one (the
-    harness died during a scoring) takes a SIGKILL only once its freezer group is thawed."""
+def _clean(cgroups: list[str], dirs: list[str], timeout_s: float = 30.0,
+           volumes: tuple[str, ...] = ()) -> None:
+    """Kill what is left in the cgroups and remove them, release the volumes, then remove the folders.
+    All groups at once, again and again until they are gone: a process belongs to a group in every
+    hierarchy, and a frozen one (the harness died during a scoring) takes a SIGKILL only once its
+    freezer group is thawed."""
     paths = [Path(root) for p in cgroups for root, _, _ in os.walk(p)]  # with sub-groups made meanwhile
     deadline = time.monotonic() + timeout_s
     while paths and time.monotonic() < deadline:
@@ -118,6 +122,13 @@ def _clean(cgroups: list[str], dirs: list[str], timeout_s: float = 30.0) -> None
         paths = [p for p in paths if p.exists()]
         if paths:
             time.sleep(0.05)
+    for record in volumes:
+        from ._volume import release_recorded
+
+        try:
+            release_recorded(Path(record))
+        except (OSError, ValueError, KeyError) as e:
+            logger.warning("janitor: could not release the volume of %s: %s", record, e)
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -126,19 +137,20 @@ def main() -> None:
     """Read messages until the harness's end of the pipe closes, then clean what is still tracked."""
     cgroups: dict[str, None] = {}
     dirs: dict[str, None] = {}
+    volumes: dict[str, None] = {}
     for raw in sys.stdin.buffer:
         parts = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
         if len(parts) != 3:
             continue
         op, kind, path = parts
-        target = cgroups if kind == "cgroup" else dirs if kind == "dir" else None
+        target = {"cgroup": cgroups, "dir": dirs, "volume": volumes}.get(kind)
         if target is None:
             continue
         if op == "track":
             target[path] = None
         elif op == "untrack":
             target.pop(path, None)
-    _clean(list(cgroups), list(dirs))
+    _clean(list(cgroups), list(dirs), volumes=tuple(volumes))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from . import _janitor
 from ._bwrap import PRIVATE_DIR, Bind, SandboxSpec, bwrap_command
 from ._cgroup import Cgroup
 from ._quiet import registered
+from ._volume import RECORD_NAME, Volume
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class MachineSpec:
     log_dir: Path | None = None  # where bubblewrap's own messages go (default: the control folder)
     cleanup: list[Path] = field(default_factory=list)  # folders removed with the sandbox
     services: list[list[str]] = field(default_factory=list)  # kept running as the agent (restarted on exit)
+    # The attempt's disk of its own (`_volume`): released (the workspace copied back) once the agent's
+    # processes are gone and before the cleanup folders go; its record sits in the first cleanup folder.
+    volume: Volume | None = None
 
 
 _OPEN_ERRORS: dict[str, type[OSError]] = {
@@ -126,6 +130,7 @@ class Machine:
         self._frozen_since: float | None = None
         self._frozen_total = 0.0
         self._stopped = False
+        self.volume_kept: str | None = None  # where the workspace stayed when it could not be copied back
         # Known to a calibration on this machine (`_quiet`), which freezes the agent while it measures.
         self._registration = contextlib.ExitStack()
         if agent is not None:
@@ -137,6 +142,9 @@ class Machine:
         control = Path(tempfile.mkdtemp(prefix="orb-ctl-"))
         control.chmod(0o700)
         _janitor.track("dir", control)
+        if spec.volume is not None and spec.cleanup:  # before the folders: the janitor releases it first
+            spec.volume.record(spec.cleanup[0] / RECORD_NAME)
+            _janitor.track("volume", spec.cleanup[0] / RECORD_NAME)
         for folder in spec.cleanup:
             _janitor.track("dir", folder)
         group = agent = None
@@ -290,6 +298,13 @@ class Machine:
                 group.close()
                 for d in group.dirs:
                     _janitor.untrack("cgroup", d)
+        if self.spec.volume is not None:
+            try:
+                self.volume_kept = self.spec.volume.release()
+            except OSError as e:  # the copy is made or the image kept: never the agent's files lost
+                self.volume_kept = f"{self.spec.volume.image} ({e})"
+            if self.spec.cleanup:
+                _janitor.untrack("volume", self.spec.cleanup[0] / RECORD_NAME)
         for folder in [self.control, *self.spec.cleanup]:
             shutil.rmtree(folder, ignore_errors=True)
             _janitor.untrack("dir", folder)

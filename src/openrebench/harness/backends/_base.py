@@ -54,6 +54,7 @@ class SandboxedAttempt:
     max_processes: int = 1024
     cpus: float | None = None  # CPU time of the whole attempt, in cores (None: all of them)
     models: GatewayAccess | None = None  # where the run's tier declares models
+    disk_bytes: int | None = None  # the attempt's disk of its own, where the backend can make one
 
 
 @dataclass(frozen=True)

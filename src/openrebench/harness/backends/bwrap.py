@@ -17,8 +17,10 @@ network namespace (a free port where it shares the host's network), with OPENAI_
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -30,20 +32,25 @@ from inspect_ai.util import ExecResult
 
 from openrebench.base import OpenRebenchError
 from openrebench.isolation import (
+    IMAGE_NAME,
     Bind,
     Machine,
     MachineSpec,
     OutputLimitExceeded,
     ProcessLimits,
     SandboxSpec,
+    Volume,
     allocate_uid,
     bwrap_usable,
     identities_available,
     sandbox_path,
+    volume_problem,
 )
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
 from ._base import MAX_OUTPUT, Backend, _read_limit, output_limit_error
+
+logger = logging.getLogger(__name__)
 
 LOGIN_USER_ENV = "OPENREBENCH_LOGIN_USER"
 
@@ -83,6 +90,8 @@ class BwrapBackend(Backend):
         super().__init__(attempt)  # type: ignore[arg-type]
         self.machine: Machine | None = None
         self.base_env: dict[str, str] = {}
+        self.volume: Volume | None = None
+        self.volume_kept: str | None = None  # where the workspace stayed when it could not be copied back
 
     @classmethod
     def unusable(cls) -> str | None:
@@ -92,6 +101,10 @@ class BwrapBackend(Backend):
         a, home = self.attempt, self.attempt.home
         self.uid = allocate_uid(f"agent {a.run.path}") if identities_available() else None
         home.write_identity(self.uid if self.uid is not None else os.getuid())
+        if a.disk_bytes and volume_problem() is None:  # the agent's places on a disk of their own
+            self.volume = await asyncio.get_running_loop().run_in_executor(
+                None, Volume.create, a.run.path / IMAGE_NAME, home.root / "state", a.run.workspace,
+                a.disk_bytes)
         await super().start()
         tier = a.run.env.tier(a.run.info.tier)
         binds = [Bind(a.run.workspace, WORKSPACE, writable=True),
@@ -119,12 +132,19 @@ class BwrapBackend(Backend):
                                   a.run.env.host_tools(a.run.info.tier)])
         self.machine = await Machine.start(MachineSpec(
             spec, uid=self.uid, memory_bytes=a.memory_bytes, max_pids=a.max_processes,
-            cpus=a.cpus or os.cpu_count(), name="agent", services=services, cleanup=[home.root]))
+            cpus=a.cpus or os.cpu_count(), name="agent", services=services, cleanup=[home.root],
+            volume=self.volume))
         self.cgroup = self.machine.group
 
     async def stop(self) -> None:
         if self.machine is not None:
-            await self.machine.stop()
+            await self.machine.stop()  # the volume released between the kills and the folders' removal
+            self.volume_kept = self.machine.volume_kept
+        elif self.volume is not None:  # the sandbox never started
+            self.volume_kept = await asyncio.get_running_loop().run_in_executor(None, self.volume.release)
+        if self.volume_kept:
+            logger.warning("%s: the workspace could not be copied back; its files are in %s",
+                           self.attempt.run.path, self.volume_kept)
 
     def freeze(self, frozen: bool) -> bool | None:
         if self.machine is None or not self.machine.can_freeze:
