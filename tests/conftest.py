@@ -17,6 +17,8 @@ from openrebench.runs import Run, start_run
 for _layer in ("gateway", "environments"):
     sys.path.insert(0, str(Path(__file__).parent / _layer))
 
+pytest_plugins = ["attempt_support"]  # `attempts`: sandboxes of the example environment, closed at the end
+
 if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
     # Parallel workers share the cores: one math thread each for what a test computes in-process (asset
     # builds), or torch's one thread per core in each worker would oversubscribe them. Scorer processes

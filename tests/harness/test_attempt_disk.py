@@ -4,89 +4,18 @@ when the attempt ends, or stay in an image beside it when they cannot."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from openrebench.harness import OpenRebenchSandbox, SandboxConfig
+from attempt_support import Attempt
 from openrebench.isolation import IMAGE_NAME, bwrap_binary, volume_problem
 from openrebench.isolation import _volume as volume_module
-from openrebench.runs import Run, start_run
 
 pytestmark = [pytest.mark.skipif(bwrap_binary() is None, reason="bubblewrap is not available"),
               pytest.mark.skipif(volume_problem() is not None,
                                  reason=f"no attempt disks here: {volume_problem()}")]
-
-MIB = 1 << 20
-FLOOD = """
-import errno, os, sys
-written = 0
-try:
-    with open(sys.argv[1], "wb") as f:
-        while written < int(sys.argv[2]) << 20:
-            f.write(b"x" * (1 << 20))
-            f.flush()
-            written += 1 << 20
-        os.fsync(f.fileno())
-except OSError as e:
-    print("full" if e.errno == errno.ENOSPC else f"error {e.errno}", written >> 20)
-else:
-    print("wrote", written >> 20)
-"""
-
-
-class Attempt:
-    def __init__(self, path: Path, disk_gb: float) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.run: Run = start_run("example_fit", "mini", path, score_start=False)[0]
-        config = SandboxConfig(env_id="example_fit", memory_limit_gb=1, disk_gb=disk_gb)
-        self.box = self.loop.run_until_complete(OpenRebenchSandbox.for_run(self.run, config))
-
-    def sh(self, script: str) -> str:
-        result = self.loop.run_until_complete(self.box.exec(["bash", "-c", script], timeout=120))
-        assert result.success, result.stderr
-        return result.stdout
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.box.close())
-        self.loop.close()
-
-
-@pytest.fixture
-def attempts(tmp_path: Path) -> Iterator[list[Attempt]]:
-    made: list[Attempt] = []
-    yield made
-    for attempt in made:
-        attempt.close()
-
-
-def test_a_flood_stops_at_the_attempts_disk_and_a_neighbour_scores(tmp_path: Path,
-                                                                    attempts: list[Attempt]) -> None:
-    flooder = Attempt(tmp_path / "flooder", disk_gb=0.25)
-    neighbour = Attempt(tmp_path / "neighbour", disk_gb=0.25)
-    attempts += [flooder, neighbour]
-    free = shutil.disk_usage(tmp_path).free
-    (flooder.run.workspace / "flood.py").write_text(FLOOD)  # through the bind: the attempt's disk
-    # Every place it writes is on the one disk: the workspace, then /tmp and its home once that is full.
-    said = flooder.sh("python3 flood.py /workspace/big 1000; python3 flood.py /tmp/big 1000; "
-                      "python3 flood.py ~/big 1000")
-    lines = said.split("\n")
-    assert lines[0].startswith("full") and 150 <= int(lines[0].split()[1]) <= 256, said
-    assert all(line.startswith("full") and int(line.split()[1]) < 5 for line in lines[1:3]), said
-    assert free - shutil.disk_usage(tmp_path).free < 300 * MIB  # the machine's disk lost at most the quota
-    # The neighbour is untouched: its commands write, its scoring snapshots and scores, its row is kept.
-    neighbour.sh("echo fine > /workspace/mine.txt")
-    neighbour.loop.run_until_complete(neighbour.box.score())
-    rows, _ = neighbour.run.rows()
-    assert rows[-1].raw is not None, rows[-1].message
-    # The flooder's own scoring snapshots its 200-odd MB: the limits are the tier's, not the disk's.
-    flooder.sh("rm -f /tmp/big ~/big")
-    flooder.loop.run_until_complete(flooder.box.score())
-    assert flooder.run.rows()[0][-1].message
 
 
 def test_the_agents_files_come_back_into_the_run(tmp_path: Path, attempts: list[Attempt]) -> None:

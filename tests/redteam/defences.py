@@ -96,7 +96,16 @@ def _shown_answers(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(evaluation, "_shown", evaluation._clean)
 
 
+def _attempt_disk(mp: pytest.MonkeyPatch) -> None:
+    """Attempts without a disk of their own: the agent writes on the machine's disk, as before class 5's
+    quota."""
+    from openrebench.harness.backends import bwrap
+
+    mp.setattr(bwrap, "volume_problem", lambda: "switched off")
+
+
 SWITCHES: dict[str, Switch] = {
+    "attempt-disk": Switch("each attempt's writable places on a file system of its own size", _attempt_disk),
     "gateway-reservation": Switch("the gateway holds each request's prompt (its bytes bound its tokens) "
                                   "with its completion cap before forwarding it", _gateway_reservation),
     "bounded-rows": Switch("score-log rows bounded (message, details, texts) to fit the disk reserve",

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,9 +25,12 @@ from typing import Any
 import pytest
 from redteam_support import KERNEL_PARAMS, score_in_process, small_tier
 
+from attempt_support import FLOOD as DISK_FLOOD
+from attempt_support import Attempt
 from openrebench.api import ScoreResult
 from openrebench.harness import _score_service
 from openrebench.harness._score_service import ScoringService, format_log
+from openrebench.isolation import bwrap_binary, volume_problem
 from openrebench.runs import Run, ScoreRow, _score_log, _scoring, get_environment, score_run
 from openrebench.runs._score_log import MAX_MESSAGE_CHARS, MAX_ROW_BYTES, read_log
 
@@ -340,3 +344,34 @@ def test_a_connection_flood_on_one_runs_score_socket_costs_another_run_nothing(
     assert answers[0] == "Valid: B." and "Valid: B." in answers[1], answers
     assert held <= _score_service.MAX_CONNECTIONS
     one_bounded_row_each(run_b, 1)
+
+
+@attack(env="harness", cls="disk flood", invariant=5, defence="attempt-disk")
+@pytest.mark.skipif(bwrap_binary() is None or volume_problem() is not None,
+                    reason="needs bubblewrap and attempt disks (root, loop devices)")
+def test_an_agent_flooding_its_disk_takes_no_more_than_its_own(tmp_path: Path,
+                                                               attempts: list[Attempt]) -> None:
+    """An agent writes without end in its workspace, /tmp and home, through its sandbox: it must stop at
+    its attempt's disk, so that the machine's disk keeps room for the other runs' snapshots, commands and
+    rows, and a neighbour's commands and scoring go on as before."""
+    flooder = Attempt(tmp_path / "flooder", disk_gb=0.25)
+    neighbour = Attempt(tmp_path / "neighbour", disk_gb=0.25)
+    attempts += [flooder, neighbour]
+    free = shutil.disk_usage(tmp_path).free
+    (flooder.run.workspace / "flood.py").write_text(DISK_FLOOD)  # through the bind: the attempt's disk
+    # Every place it writes is on the one disk: the workspace, then /tmp and its home once that is full.
+    said = flooder.sh("python3 flood.py /workspace/big 1000; python3 flood.py /tmp/big 1000; "
+                      "python3 flood.py ~/big 1000")
+    lines = said.split("\n")
+    assert lines[0].startswith("full") and 150 <= int(lines[0].split()[1]) <= 256, said
+    assert all(line.startswith("full") and int(line.split()[1]) < 5 for line in lines[1:3]), said
+    assert free - shutil.disk_usage(tmp_path).free < 300 << 20  # the machine's disk lost at most the quota
+    # The neighbour is untouched: its commands write, its scoring snapshots and scores, its row is kept.
+    neighbour.sh("echo fine > /workspace/mine.txt")
+    neighbour.loop.run_until_complete(neighbour.box.score())
+    rows, _ = neighbour.run.rows()
+    assert rows[-1].raw is not None, rows[-1].message
+    # The flooder's own scoring snapshots its 200-odd MB: the limits are the tier's, not the disk's.
+    flooder.sh("rm -f /tmp/big ~/big")
+    flooder.loop.run_until_complete(flooder.box.score())
+    assert flooder.run.rows()[0][-1].message

@@ -53,7 +53,9 @@ Your sandbox is one machine for the whole attempt. What you start in the backgro
 `nohup python train.py > train.log 2>&1 &`, or a tmux session) keeps running between commands until you
 stop it or the attempt ends; give it its own log file and check on it later. While a scoring runs, every
 process of yours is frozen (stopped, then resumed where it was once the score is in): nothing of yours
-competes with the scoring, and a job left running makes no progress during `score`."""
+competes with the scoring, and a job left running makes no progress during `score`. Your workspace,
+home, /tmp, /opt and /var/tmp may share a disk of a fixed size (`df -h /workspace` shows it): a write
+past it fails with "No space left on device", so delete what you no longer need."""
 
 
 def record_role_usage(usage: dict[str, Any]) -> None:
