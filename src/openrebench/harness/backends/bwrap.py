@@ -102,9 +102,13 @@ class BwrapBackend(Backend):
         self.uid = allocate_uid(f"agent {a.run.path}") if identities_available() else None
         home.write_identity(self.uid if self.uid is not None else os.getuid())
         if a.disk_bytes and volume_problem() is None:  # the agent's places on a disk of their own
-            self.volume = await asyncio.get_running_loop().run_in_executor(
-                None, Volume.create, a.run.path / IMAGE_NAME, home.root / "state", a.run.workspace,
-                a.disk_bytes)
+            try:
+                self.volume = await asyncio.get_running_loop().run_in_executor(
+                    None, Volume.create, a.run.path / IMAGE_NAME, home.root / "state", a.run.workspace,
+                    a.disk_bytes)
+            except OSError as e:  # no free loop device in this container, say: the attempt runs without
+                logger.warning("%s: the attempt writes on the machine's disk, without a disk of its own "
+                               "(%s)", a.run.path, e)
         await super().start()
         tier = a.run.env.tier(a.run.info.tier)
         binds = [Bind(a.run.workspace, WORKSPACE, writable=True),
