@@ -62,3 +62,27 @@ def test_a_workspace_that_cannot_be_copied_back_stays_in_its_image(tmp_path: Pat
         assert (mnt / volume_module.WORKSPACE_DIR / "precious.txt").read_text() == "precious\n"
     finally:
         volume_module._run("umount", str(mnt))
+
+
+def test_an_image_left_by_a_machine_that_went_down_is_taken_up(tmp_path: Path) -> None:
+    """Neither the harness nor its janitor released the disk (the machine went down): the next attempt on
+    the run finds its image and starts from what the agent had written, not from the stale folder."""
+    workspace, state = tmp_path / "workspace", tmp_path / "state"
+    workspace.mkdir()
+    state.mkdir()
+    (workspace / "old.txt").write_text("from before the attempt\n")
+    image = tmp_path / IMAGE_NAME
+    first = volume_module.Volume.create(image, state, workspace, 64 << 20)
+    (workspace / "new.txt").write_text("written during the attempt\n")
+    (workspace / "old.txt").unlink()
+    volume_module._run("umount", str(workspace))  # the machine goes down: the mounts go, the image stays
+    volume_module._run("umount", str(state))
+    assert (workspace / "old.txt").exists() and not (workspace / "new.txt").exists()
+    second = volume_module.Volume.create(image, state, workspace, 64 << 20)
+    try:
+        assert (workspace / "new.txt").read_text() == "written during the attempt\n"
+        assert not (workspace / "old.txt").exists()
+    finally:
+        assert second.release() is None
+    assert first.image == second.image and not image.exists()
+    assert sorted(p.name for p in workspace.iterdir()) == ["new.txt"]

@@ -75,7 +75,8 @@ class Volume:
         onto it and bind that copy over the workspace. Undone whole where a step fails."""
         volume = cls(image, mountpoint, workspace, size_bytes)
         staged = mountpoint.with_name(mountpoint.name + ".staged")
-        image.unlink(missing_ok=True)
+        if image.exists():  # an earlier attempt's, never released (the machine went down with it)
+            recover(image, workspace, mountpoint.with_name(mountpoint.name + ".recovering"))
         try:
             with open(image, "wb") as f:
                 f.truncate(size_bytes)
@@ -153,6 +154,31 @@ def _unmount(path: Path, only_if_mounted_from: Path | None = None) -> None:
         _run("umount", str(path))
     except OSError:
         _run("umount", "-l", str(path))
+
+
+def recover(image: Path, workspace: Path, scratch: Path) -> None:
+    """Put the workspace an image holds back into the run folder: what an attempt wrote before the
+    machine went down with it (no release, no janitor) is the run's latest state, not the folder's
+    stale copy beneath the old mount. An image that cannot be read is set aside, never deleted."""
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    try:
+        _run("mount", "-o", "loop,ro,nosuid,nodev,noexec", str(image), str(scratch))
+    except OSError:
+        image.rename(image.with_name(f"{image.name}.unreadable"))
+        scratch.rmdir()
+        return
+    try:
+        for entry in workspace.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        _copy_tree(scratch / WORKSPACE_DIR, workspace)
+    finally:
+        _unmount(scratch)
+        scratch.rmdir()
+    image.unlink()
+    image.with_name(NOTE_NAME).unlink(missing_ok=True)
 
 
 def release_recorded(record: Path) -> str | None:
