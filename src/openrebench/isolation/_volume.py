@@ -19,10 +19,12 @@ disk of their own (the README's threat model says what that leaves open).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,15 +34,29 @@ NOTE_NAME = "workspace.img.README"
 RECORD_NAME = "volume.json"
 
 
+@functools.cache
 def volume_problem() -> str | None:
-    """Why attempts cannot have a disk of their own here, or None where they can."""
+    """Why attempts cannot have a disk of their own here, or None where they can: asked of the machine
+    once per process by making, mounting and unmounting a small one (a container may show
+    /dev/loop-control and still refuse the mount)."""
     if os.geteuid() != 0:
         return "the harness is not root (a loop mount needs it)"
     if not Path("/dev/loop-control").exists():
         return "no loop devices (/dev/loop-control)"
-    for tool in ("mkfs.ext4", "mount", "umount"):
+    for tool in ("mkfs.ext4", "mount", "umount", "cp"):
         if shutil.which(tool) is None:
             return f"no {tool}"
+    with tempfile.TemporaryDirectory(prefix="orb-disk-probe-") as tmp:
+        image, mnt = Path(tmp) / "probe.img", Path(tmp) / "mnt"
+        mnt.mkdir()
+        try:
+            with open(image, "wb") as f:
+                f.truncate(16 << 20)
+            _run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", str(image))
+            _run("mount", "-o", "loop,nosuid,nodev", str(image), str(mnt))
+        except OSError as e:
+            return f"a loop mount failed here ({e})"
+        _unmount(mnt)
     return None
 
 
