@@ -26,6 +26,11 @@ def test_list_and_info_show_the_kernel_environment() -> None:
     code, out = invoke("info", "optimize_kernel")
     assert code == 0
     assert "tier mini" in out and "tier full" in out and "RE-Bench paper" in out
+    # whether an attempt gets a disk of its own here, and its size (16 GB: four times a 4 GB workspace)
+    from openrebench.isolation import volume_problem
+
+    text = " ".join(out.split())
+    assert ("16 GB of its own" in text) if volume_problem() is None else ("none here" in text), text
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -27,6 +27,7 @@ def list_() -> None:
 @user_errors
 def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None:
     """Show an environment's tiers, normalisation constants and model roles."""
+    from openrebench.isolation import volume_problem
     from openrebench.runs import constants_for, detect_hardware, find_machine_record
 
     env = get_env(env_id)
@@ -38,6 +39,9 @@ def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None
         table.add_row("hardware", spec.hardware)
         table.add_row("time limit", f"{spec.time_limit_hours:g} h")
         table.add_row("scoring limits", f"{spec.score_timeout_s:g} s, {spec.memory_limit_gb:g} GB")
+        disk = spec.attempt_disk_bytes / 1024**3
+        table.add_row("attempt disk", f"{disk:g} GB of its own (workspace, home, /tmp, /opt, /var/tmp)"
+                      if volume_problem() is None else f"none here ({volume_problem()}): the machine's disk")
         table.add_row("params", ", ".join(f"{k}={v}" for k, v in spec.params.model_dump().items()))
         c = constants_for(env, spec.name)
         table.add_row("constants here", f"start {c.start:.4f}, reference {c.reference:.4f} ({c.source})")
