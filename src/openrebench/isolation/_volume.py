@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def volume_problem() -> str | None:
         return "the harness is not root (a loop mount needs it)"
     if not Path("/dev/loop-control").exists():
         return "no loop devices (/dev/loop-control)"
-    for tool in ("mkfs.ext4", "mount", "umount", "cp"):
+    for tool in ("mkfs.ext4", "mount", "umount", "losetup", "cp"):
         if shutil.which(tool) is None:
             return f"no {tool}"
     with tempfile.TemporaryDirectory(prefix="orb-disk-probe-") as tmp:
@@ -91,6 +92,8 @@ class Volume:
         onto it and bind that copy over the workspace. Undone whole where a step fails."""
         volume = cls(image, mountpoint, workspace, size_bytes)
         staged = mountpoint.with_name(mountpoint.name + ".staged")
+        if image.exists():
+            _wait_detached(image)  # a janitor may still be releasing it (its harness just died)
         if image.exists():  # an earlier attempt's, never released (the machine went down with it)
             recover(image, workspace, mountpoint.with_name(mountpoint.name + ".recovering"))
         try:
@@ -170,6 +173,21 @@ def _unmount(path: Path, only_if_mounted_from: Path | None = None) -> None:
         _run("umount", str(path))
     except OSError:
         _run("umount", "-l", str(path))
+
+
+def _wait_detached(image: Path, timeout_s: float = 120.0) -> None:
+    """Wait while a loop device still holds the image: the janitor of a harness that died is copying its
+    workspace back. Starting on the run meanwhile would race that copy; past the timeout, refuse."""
+    deadline = time.monotonic() + timeout_s
+    while image.exists():
+        found = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL, timeout=30)
+        if found.returncode != 0 or not found.stdout.strip():
+            return
+        if time.monotonic() > deadline:
+            raise OSError(f"{image} is still in use by an earlier attempt of this run "
+                          f"({found.stdout.strip()})")
+        time.sleep(0.5)
 
 
 def recover(image: Path, workspace: Path, scratch: Path) -> None:
