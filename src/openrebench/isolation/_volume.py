@@ -129,10 +129,6 @@ class Volume:
         fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
         path.write_text(json.dumps(fields))
 
-    def used_bytes(self) -> int:
-        st = os.statvfs(self.mountpoint)
-        return (st.f_blocks - st.f_bfree) * st.f_frsize
-
     def release(self) -> str | None:
         """Copy the workspace back into the run folder and take the volume down (the agent's processes
         must be gone). Returns None, or where the agent's files are when the copy could not be made."""
@@ -159,13 +155,9 @@ class Volume:
         return None
 
 
-def _mounted(path: Path) -> bool:
-    return os.path.ismount(path)
-
-
 def _unmount(path: Path, only_if_mounted_from: Path | None = None) -> None:
     """Unmount `path` if something is mounted there (lazily where it is still busy)."""
-    if not _mounted(path):
+    if not os.path.ismount(path):
         return
     if only_if_mounted_from is not None and os.stat(path).st_dev != os.stat(only_if_mounted_from).st_dev:
         return  # not our bind (another mount over the same folder)
