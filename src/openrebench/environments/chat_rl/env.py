@@ -118,6 +118,7 @@ class ChatRL(Environment[ChatRLParams]):
             time_limit_hours=2,
             score_timeout_s=900,
             memory_limit_gb=4,
+            machine_dependent=True,  # its models are trained on the machine: their scores are the machine's
             params=MINI,
             calibration=CALIBRATION / "mini--cpu-amd-epyc--judge-local.json",
             models={"judge": ModelRole(description="says which of two answers is better", model=LOCAL_MODEL,
