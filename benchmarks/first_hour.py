@@ -127,6 +127,7 @@ def main() -> None:
                               "measured_at": datetime.now().isoformat(timespec="seconds"),
                               "commit": commit.stdout.strip()}
     tmp = Path(tempfile.mkdtemp(prefix="first-hour-"))
+    tmp.chmod(0o755)  # the sandboxes' unprivileged uids must reach the clones' Python (see `make reach`)
     console = Console()
 
     def save() -> None:
