@@ -304,6 +304,29 @@ def test_a_spent_token_budget_is_429_naming_it(gw: Gateway, tmp_path: Path, back
     assert backend.bodies and len(backend.bodies) == 1  # the refused call never reached the backend
 
 
+def test_a_reply_cap_cuts_every_request_to_it_budget_or_not(gw: Gateway, tmp_path: Path,
+                                                            backend: FakeBackend) -> None:
+    """A tier's `reply_tokens` (rust_codecontests' mini: 256) reaches the backend as `max_tokens`, whatever
+    was asked (more, less, nothing, `max_completion_tokens`), with or without a token budget; under a
+    budget the request holds the cut cap, not the asked one."""
+    capped = _client(gw, _grant(gw, tmp_path, backend, run="a", budget=Budget(reply_tokens=256)))
+    for asked in ({"max_tokens": 512}, {"max_tokens": 100}, {}, {"max_completion_tokens": 4096}):
+        capped.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "hi"}],
+                                       **asked)
+    caps = [b.get("max_tokens", b.get("max_completion_tokens")) for b in backend.bodies]
+    assert caps == [256, 100, 256, 256]
+    backend.bodies.clear()
+    room = _bound() + 1000  # room for 1000 completion tokens: 2 choices of 500 each, cut to 256
+    budgeted = _client(gw, _grant(gw, tmp_path, backend, run="b",
+                                  budget=Budget(tokens=room, reply_tokens=256)))
+    budgeted.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=2000, n=2)
+    assert backend.bodies[0]["max_tokens"] == 256
+    uncapped = _client(gw, _grant(gw, tmp_path, backend, run="c"))
+    _ask(uncapped)
+    assert "max_tokens" not in backend.bodies[-1]  # no budget, no cap: the request as it was
+
+
 def test_a_run_reaches_only_its_own_roles_and_a_revoked_token_nothing(gw: Gateway, tmp_path: Path,
                                                                       backend: FakeBackend) -> None:
     mine = _grant(gw, tmp_path, backend, run="a")

@@ -198,7 +198,8 @@ print(json.dumps({"base": os.environ["OPENAI_BASE_URL"], "judge": ask(), "by_nam
     assert {r["phase"] for r in rows} == {"agent"} and [r["status"] for r in rows][:3] == [200, 200, 404]
     assert rows[0]["role"] == "judge" and rows[0]["model"] == "mockllm/judge" and rows[2]["role"] is None
     grant = json.loads((box.run.path / "gateway" / "grant.json").read_text())
-    assert grant["models"] == {"judge": "mockllm/judge"} and grant["budget"] == {"usd": None, "tokens": None}
+    assert grant["models"] == {"judge": "mockllm/judge"} and grant["budget"] == {"usd": None, "tokens": None,
+                                                                            "reply_tokens": None}
     assert box.sandbox.models.agent_grant.token not in json.dumps(grant) + json.dumps(rows)
 
 

@@ -79,6 +79,10 @@ class ModelBudget(BaseModel, frozen=True):
 
     usd: float | None = Field(default=None, gt=0)
     tokens: int | None = Field(default=None, gt=0)
+    reply_tokens: int | None = Field(default=None, gt=0, description=(
+        "The most completion tokens one reply (each choice) may have: a request asking more, or naming no "
+        "max_tokens, is cut to it (its finish_reason then says length). For a small model served on a CPU, "
+        "whose base model rarely stops by itself: it bounds what a scoring costs."))
 
     @model_validator(mode="after")
     def _some_limit(self) -> Self:
@@ -87,12 +91,14 @@ class ModelBudget(BaseModel, frozen=True):
         return self
 
     def describe(self) -> str:
-        """In words, for the instructions (`$model_budget`): '$500', '2,000,000 tokens', or both."""
+        """In words, for the instructions (`$model_budget`): '$500', '2,000,000 tokens', or both, and the
+        cap on a reply where there is one."""
         usd = None if self.usd is None else f"${self.usd:,.2f}".removesuffix(".00")
         tokens = None if self.tokens is None else f"{self.tokens:,} tokens"
-        if usd and tokens:
-            return f"{usd} or {tokens}, whichever runs out first"
-        return usd or tokens or ""
+        text = f"{usd} or {tokens}, whichever runs out first" if usd and tokens else usd or tokens or ""
+        if self.reply_tokens is not None:
+            text += f" (each reply at most {self.reply_tokens:,} tokens: a longer one is cut there)"
+        return text
 
 
 P = TypeVar("P", bound=BaseModel)

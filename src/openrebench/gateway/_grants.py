@@ -30,10 +30,12 @@ class RoleModel:
 
 @dataclass(frozen=True)
 class Budget:
-    """What a run may spend: dollars, tokens (input plus output), either or both; None is no limit."""
+    """What a run may spend: dollars, tokens (input plus output), either or both; None is no limit.
+    `reply_tokens`: the most completion tokens of one choice (a request's `max_tokens` is cut to it)."""
 
     usd: float | None = None
     tokens: int | None = None
+    reply_tokens: int | None = None
 
 
 @dataclass
@@ -100,7 +102,7 @@ class Grant:
                    ) -> tuple[int, float, tuple[int, float, bool]]:
             room, what = self.room(price, prompt, spent, (held_tokens, held_usd))
             completion = limit(body, room, prompt, f"{who}'s {what}", max_choices=most,
-                               model=model.model_name)
+                               model=model.model_name, reply_cap=self.budget.reply_tokens)
             usd = cost_usd(price, prompt, completion)
             return prompt + completion, usd, (completion, usd, room is not None)
 

@@ -98,11 +98,12 @@ def positive_int(body: dict[str, Any], key: str) -> int | None:
 
 
 def limit(body: dict[str, Any], room: int | None, prompt: int, budget: str, *,
-          max_choices: int | None = None, model: str = "this model") -> int:
+          max_choices: int | None = None, model: str = "this model", reply_cap: int | None = None) -> int:
     """Check `n` and the completion caps, cap the completion at the budget's `room` (completion tokens
     left once the prompt's bound is taken off; None: no limit) shared among the choices, and give the
     completion tokens the request holds while in flight. Under a budget the cap is always imposed (as
-    `max_tokens`, `CAP_UNASKED` when none was asked), so that nothing past it can be written.
+    `max_tokens`, `CAP_UNASKED` when none was asked), so that nothing past it can be written; so is
+    `reply_cap` (the budget's most tokens of one reply), budget or not.
     `max_choices`: the most choices the model's backend gives in one request (llama.cpp: its slots).
     Each refusal names the limit it met, so that a client can ask again within it."""
     for key in ("n_predict", "best_of"):  # llama.cpp's own cap, vLLM's hidden choices: neither metered
@@ -133,13 +134,14 @@ def limit(body: dict[str, Any], room: int | None, prompt: int, budget: str, *,
                       f"the bytes of its text) and {need} completion token(s) at the least; what remains "
                       f"of {budget} besides what its requests in flight hold falls {need - room:,} "
                       "token(s) short", "budget_exceeded", "budget_exceeded", {"x-should-retry": "false"})
-    if echo or room is None:
+    if echo or (room is None and reply_cap is None):
         return 0
     asked = min(caps.values()) if caps else CAP_UNASKED
-    cap = min(asked, room // n)
+    cap = asked if reply_cap is None else min(asked, reply_cap)
+    cap = cap if room is None else min(cap, room // n)
     for key in caps or ("max_tokens",):
         body[key] = cap
-    return cap * n
+    return 0 if room is None else cap * n
 
 
 def too_large(max_body: int) -> Refusal:

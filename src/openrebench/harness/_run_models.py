@@ -13,6 +13,7 @@ next. A scoring's budget is the tier's `scoring_model_budget`, or the run's limi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 import sys
@@ -66,14 +67,19 @@ def resolve_models(env: Environment, tier: str, overrides: Mapping[str, str] | N
 
 
 def resolve_budget(env: Environment, tier: str, usd: float | None = None,
-                   tokens: int | None = None) -> Budget:
-    """The run's budget: the tier's, each limit replaced where one is given."""
-    default = env.tier(tier).model_budget
+                   tokens: int | None = None, models: Mapping[str, str] | None = None) -> Budget:
+    """The run's budget: the tier's, each limit replaced where one is given. The tier's cap on a reply
+    (`reply_tokens`) holds for its own models only: a run given others (`models`, role: model) is not
+    cut to what suits a small model served on a CPU."""
+    spec = env.tier(tier)
+    default = spec.model_budget
+    own = models is None or all(models.get(role) == r.model for role, r in spec.models.items())
     for name, value in (("dollar", usd), ("token", tokens)):
         if value is not None and not value > 0:
             raise OpenRebenchError(f"the model {name} budget must be positive (got {value})")
     return Budget(usd=usd if usd is not None else default.usd if default else None,
-                  tokens=tokens if tokens is not None else default.tokens if default else None)
+                  tokens=tokens if tokens is not None else default.tokens if default else None,
+                  reply_tokens=default.reply_tokens if default and own else None)
 
 
 def check_models(models: Mapping[str, str], budget: Budget) -> None:
@@ -106,10 +112,13 @@ class RunModels:
         spec = env.tier(tier)
         if not spec.models:
             return None
-        models, budget = resolve_models(env, tier, overrides), resolve_budget(env, tier, usd, tokens)
+        models = resolve_models(env, tier, overrides)
+        budget = resolve_budget(env, tier, usd, tokens, models)
         per_scoring = spec.scoring_model_budget
         return cls(models, budget, {role: r.description for role, r in spec.models.items()},
-                   None if per_scoring is None else Budget(usd=per_scoring.usd, tokens=per_scoring.tokens))
+                   None if per_scoring is None else Budget(
+                       usd=per_scoring.usd, tokens=per_scoring.tokens,
+                       reply_tokens=None if budget.reply_tokens is None else per_scoring.reply_tokens))
 
     @classmethod
     def of_run(cls, run: Run) -> RunModels | None:
@@ -124,10 +133,14 @@ class RunModels:
             given = json.loads(path.read_text())
             models = {str(k): str(v) for k, v in given["models"].items()}
             budget = Budget(**given.get("budget") or {})
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            granted = cls.for_tier(env, run.info.tier, overrides=models)
+        except (ValueError, KeyError, TypeError, AttributeError, OpenRebenchError) as e:
             raise OpenRebenchError(f"{path} cannot be read ({type(e).__name__}): remove it to use the "
                                    "tier's default models") from None
-        return cls(models, budget, found.descriptions, found.scoring_budget)
+        assert granted is not None  # the tier has models (found)
+        if "reply_tokens" not in (given.get("budget") or {}):  # written before replies were capped
+            budget = dataclasses.replace(budget, reply_tokens=granted.budget.reply_tokens)
+        return cls(models, budget, found.descriptions, granted.scoring_budget)
 
     def _record(self, run: Run) -> None:
         path = run.path / GRANT_FILE
@@ -137,8 +150,7 @@ class RunModels:
         served = {role: self.service.backend(spec)[1] for role, spec in self.models.items()}
         scoring = self.scoring_budget or self.budget
         record = {"models": self.models, "served_as": served, "descriptions": self.descriptions,
-                  "budget": {"usd": self.budget.usd, "tokens": self.budget.tokens},
-                  "scoring_budget": {"usd": scoring.usd, "tokens": scoring.tokens}}
+                  "budget": dataclasses.asdict(self.budget), "scoring_budget": dataclasses.asdict(scoring)}
         path.write_text(json.dumps(record, indent=1) + "\n")
 
     def agent(self, run: Run) -> Grant:

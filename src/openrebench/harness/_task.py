@@ -163,7 +163,7 @@ def model_args(env_id: str, tier: str, roles: Mapping[str, Any], usd: float | st
         token_limit = parse_count(tokens if tokens != "" else None, "model_budget_tokens")
         overrides = {role: str(model) for role, model in roles.items() if model is not None}
         models = resolve_models(env, tier, overrides)
-        budget = resolve_budget(env, tier, usd_limit, token_limit)
+        budget = resolve_budget(env, tier, usd_limit, token_limit, models)
         for model in sorted(set(models.values()) - {LOCAL_MODEL}):
             check_client(model)
         check_models(models, budget)
@@ -226,12 +226,13 @@ def rebench_task(env_id: str, tier: str = "mini", agent: str = "oracle",
                            time_limit_s=seconds, models=overrides, model_budget_usd=usd,
                            model_budget_tokens=tokens, agent=agent, resume=_flag(resume))
     env_models = resolve_models(env, tier, overrides)
-    budget = resolve_budget(env, tier, usd, tokens)
+    budget = resolve_budget(env, tier, usd, tokens, env_models)
     model_meta = {"env_models": env_models,
                   "env_model_budget": {"usd": budget.usd, "tokens": budget.tokens}} if env_models else {}
     # The agent is told what this run grants (its models, its budget, its working time), not the tier's.
     limited = budget.usd is not None or budget.tokens is not None
-    granted = ModelBudget(usd=budget.usd, tokens=budget.tokens) if limited else None
+    granted = ModelBudget(usd=budget.usd, tokens=budget.tokens, reply_tokens=budget.reply_tokens) \
+        if limited else None
     instructions = env.instructions(tier, seconds, env_models, granted)
     return Task(
         dataset=[Sample(input=instructions + MACHINE_NOTE, id=f"{env_id}-{tier}",
