@@ -64,10 +64,13 @@ def asset_seconds(home: Path) -> dict[str, float]:
     return out
 
 
-def scoring_seconds(runs: Path) -> dict[str, dict[str, float]]:
-    """Seconds of scoring per environment and kind (set-up, the agent's scorings), from the score logs."""
+def scoring_seconds(runs: Path, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, dict[str, float]]:
+    """Seconds of scoring per environment and kind (set-up, the agent's scorings), from the score logs of
+    the runs not named in `skip` (an earlier phase's, in the same folder)."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for log in runs.rglob("score_log.jsonl"):
+        if log.parent.name in skip:
+            continue
         info = json.loads((log.parent / "run.json").read_text())
         for line in log.read_text().splitlines():
             row = json.loads(line)
@@ -75,14 +78,19 @@ def scoring_seconds(runs: Path) -> dict[str, dict[str, float]]:
     return {env: dict(kinds) for env, kinds in out.items()}
 
 
-def task_seconds(logs: Path, python: Path) -> list[dict[str, Any]]:
-    """Each Inspect task's wall time and agent, read with the clone's own Inspect."""
+def task_seconds(logs: Path, python: Path,
+                 skip: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Each Inspect task's wall time and agent, read with the clone's own Inspect, but for the logs named
+    in `skip` (an earlier phase's)."""
     code = (
         "import json, sys\n"
         "from datetime import datetime\n"
         "from inspect_ai.log import list_eval_logs, read_eval_log\n"
         "out = []\n"
+        "skip = set(json.loads(sys.argv[2]))\n"
         "for info in list_eval_logs(sys.argv[1]):\n"
+        "    if info.name.rsplit('/', 1)[-1] in skip:\n"
+        "        continue\n"
         "    log = read_eval_log(info, header_only=True)\n"
         "    s = log.stats\n"
         "    began, done = datetime.fromisoformat(s.started_at), datetime.fromisoformat(s.completed_at)\n"
@@ -90,7 +98,8 @@ def task_seconds(logs: Path, python: Path) -> list[dict[str, Any]]:
         "    out.append({'env': log.eval.metadata.get('env_id'), 'agent': log.eval.metadata.get('agent'),\n"
         "                'seconds': wall})\n"
         "print(json.dumps(out))\n")
-    proc = subprocess.run([str(python), "-c", code, str(logs)], capture_output=True, text=True)
+    proc = subprocess.run([str(python), "-c", code, str(logs), json.dumps(sorted(skip))], capture_output=True,
+                          text=True)
     return json.loads(proc.stdout) if proc.returncode == 0 else []
 
 
@@ -109,10 +118,14 @@ def machine() -> dict[str, Any]:
 
 
 def demo_phases(work: Path, home: Path, env: dict[str, str], label: str) -> dict[str, Any]:
+    """One `make demo`, its scorings and tasks counted from the runs and logs it made (a warm demo's
+    folders also hold the cold one's)."""
+    runs, logs = work / "runs" / "demo", work / "logs" / "demo"
+    before = {p.name for folder in (runs, logs) if folder.is_dir() for p in folder.iterdir()}
     seconds, code = timed(["make", "demo"], work, env, work.parent / f"{label}.log")
     return {"seconds": round(seconds, 1), "exit_code": code, "log": str(work.parent / f"{label}.log"),
-            "assets_s": asset_seconds(home), "scorings_s": scoring_seconds(work / "runs" / "demo"),
-            "tasks": task_seconds(work / "logs" / "demo", work / ".venv" / "bin" / "python")}
+            "assets_s": asset_seconds(home), "scorings_s": scoring_seconds(runs, before),
+            "tasks": task_seconds(logs, work / ".venv" / "bin" / "python", before)}
 
 
 def main() -> None:
