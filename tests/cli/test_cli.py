@@ -31,6 +31,11 @@ def test_list_and_info_show_the_kernel_environment() -> None:
 
     text = " ".join(out.split())
     assert ("16 GB of its own" in text) if volume_problem() is None else ("none here" in text), text
+    code, out = invoke("info", "rust_codecontests")  # its mini tier cuts the offline model's replies
+    text = " ".join(out.replace("│", " ").split())
+    assert code == 0
+    assert "2,000,000 tokens per run; each reply of the tier's own models at most 256 tokens" in text
+    assert "$500 per run" in text and text.count("each reply") == 1  # the full tier's model is not cut
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -62,5 +62,7 @@ def info(env_id: Annotated[str, typer.Argument(help="Environment id.")]) -> None
             b = spec.model_budget
             limits = [] if b is None else [*([f"${b.usd:g}"] if b.usd else []),
                                            *([f"{b.tokens:,} tokens"] if b.tokens else [])]
-            table.add_row("model budget", " and ".join(limits) + " per run" if limits else "none")
+            cap = f"; each reply of the tier's own models at most {b.reply_tokens:,} tokens" \
+                if b is not None and b.reply_tokens else ""
+            table.add_row("model budget", (" and ".join(limits) + " per run" if limits else "none") + cap)
         console.print(table)
