@@ -56,6 +56,15 @@ def _gateway_reservation(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(_server, "prompt_bound", lambda endpoint, body: 0)
 
 
+def _reply_cap(mp: pytest.MonkeyPatch) -> None:
+    """The gateway holds each request's worst case but ignores the tier's cap on one reply (as before
+    `reply_tokens`): a request's own max_tokens, or none, reaches the model."""
+    from openrebench.gateway import _grants
+
+    limit = _grants.limit
+    mp.setattr(_grants, "limit", lambda *args, reply_cap=None, **kwargs: limit(*args, **kwargs))
+
+
 def _bounded_rows(mp: pytest.MonkeyPatch) -> None:
     """Rows as before invariant 5's bounds: the message, details and the harness's error texts whole, and
     texts JSON cannot write (lone surrogates) not escaped."""
@@ -108,6 +117,8 @@ SWITCHES: dict[str, Switch] = {
     "attempt-disk": Switch("each attempt's writable places on a file system of its own size", _attempt_disk),
     "gateway-reservation": Switch("the gateway holds each request's prompt (its bytes bound its tokens) "
                                   "with its completion cap before forwarding it", _gateway_reservation),
+    "reply-cap": Switch("the gateway cuts every request of a tier's own models to its reply cap "
+                        "(`reply_tokens`)", _reply_cap),
     "bounded-rows": Switch("score-log rows bounded (message, details, texts) to fit the disk reserve",
                            _bounded_rows),
     "fresh-line": Switch("a row after a torn one starts on a fresh line", _fresh_line),

@@ -136,6 +136,44 @@ def test_many_choices_and_uncounted_length_parameters_are_refused_before_the_bac
     assert len(out.choices) == 4 and backend.bodies[-1]["max_tokens"] <= 100_000 // 4
 
 
+class GeneratesText(Generates):
+    """`Generates` on the completions endpoint too: each prompt of a batch gets its choices."""
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies.append(dict(body))
+        cap = body.get("max_tokens") or 100_000
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        return {"id": "x", "object": "text_completion", "created": 0, "model": "upstream",
+                "choices": [{"index": i, "text": "word " * min(cap, 2000), "logprobs": None,
+                             "finish_reason": "length"} for i in range(len(prompts))],
+                "usage": {"prompt_tokens": 10, "completion_tokens": cap * len(prompts),
+                          "total_tokens": 10 + cap * len(prompts)}}
+
+
+@attack(env="gateway", cls="reply past the tier's cap", invariant=6, defence="reply-cap")
+def test_no_endpoint_gives_a_reply_longer_than_the_tiers_cap(gw: Gateway, tmp_path: Path) -> None:
+    """A tier that cuts its model's replies (rust_codecontests' mini: 256 tokens) is asked for more every
+    way a client can: a huge max_tokens, max_completion_tokens, none at all, a stream, the Responses
+    API's max_output_tokens, a batch of text prompts. The cap is imposed where the gateway holds a
+    request's worst case, which every endpoint passes through: no reply the backend is asked for, and
+    none it is charged, is longer."""
+    backend = GeneratesText(delay_s=0)
+    client = _client(gw, _grant(gw, tmp_path, backend, budget=Budget(reply_tokens=256)))
+    message = [{"role": "user", "content": "write a long program"}]
+    for asked in ({"max_tokens": 1_000_000}, {"max_completion_tokens": 4096}, {}):
+        client.chat.completions.create(model="task_model", messages=message, **asked)
+    stream = client.chat.completions.create(model="task_model", messages=message, max_tokens=100_000,
+                                            stream=True)
+    list(stream)
+    client.responses.create(model="task_model", input="write a long program", max_output_tokens=100_000)
+    client.completions.create(model="task_model", prompt=["fn main() {"] * 3, max_tokens=100_000)
+    asked_of_backend = [b.get("max_completion_tokens") or b.get("max_tokens") for b in backend.bodies]
+    assert len(asked_of_backend) == 6 and all(cap == 256 for cap in asked_of_backend), asked_of_backend
+    rows = _rows(tmp_path / "run" / "usage.jsonl")
+    assert len(rows) == 6 and all(r["status"] == 200 for r in rows), rows
+    assert [r["completion_tokens"] for r in rows] == [256] * 5 + [3 * 256]
+
+
 @attack(env="gateway", cls="unmetered request", invariant=6)
 def test_a_streamed_answer_is_charged_like_a_whole_one(gw: Gateway, tmp_path: Path,
                                                         backend: FakeBackend) -> None:
