@@ -66,14 +66,18 @@ def resolve_models(env: Environment, tier: str, overrides: Mapping[str, str] | N
     return {role: str((overrides or {}).get(role, r.model)).strip() for role, r in spec.models.items()}
 
 
+def _own_models(env: Environment, tier: str, models: Mapping[str, str] | None) -> bool:
+    """Whether `models` (role: model; None: the tier's) are the tier's own, which its caps on a reply
+    (`ModelBudget.reply_tokens`) are for: a run given others is not cut to what suits a small CPU model."""
+    return models is None or all(models.get(role) == r.model for role, r in env.tier(tier).models.items())
+
+
 def resolve_budget(env: Environment, tier: str, usd: float | None = None,
                    tokens: int | None = None, models: Mapping[str, str] | None = None) -> Budget:
-    """The run's budget: the tier's, each limit replaced where one is given. The tier's cap on a reply
-    (`reply_tokens`) holds for its own models only: a run given others (`models`, role: model) is not
-    cut to what suits a small model served on a CPU."""
-    spec = env.tier(tier)
-    default = spec.model_budget
-    own = models is None or all(models.get(role) == r.model for role, r in spec.models.items())
+    """The run's budget: the tier's, each limit replaced where one is given; the tier's cap on a reply
+    where `models` are its own (`_own_models`)."""
+    default = env.tier(tier).model_budget
+    own = _own_models(env, tier, models)
     for name, value in (("dollar", usd), ("token", tokens)):
         if value is not None and not value > 0:
             raise OpenRebenchError(f"the model {name} budget must be positive (got {value})")
@@ -118,7 +122,7 @@ class RunModels:
         return cls(models, budget, {role: r.description for role, r in spec.models.items()},
                    None if per_scoring is None else Budget(
                        usd=per_scoring.usd, tokens=per_scoring.tokens,
-                       reply_tokens=None if budget.reply_tokens is None else per_scoring.reply_tokens))
+                       reply_tokens=per_scoring.reply_tokens if _own_models(env, tier, models) else None))
 
     @classmethod
     def of_run(cls, run: Run) -> RunModels | None:
