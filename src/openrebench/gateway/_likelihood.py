@@ -13,8 +13,9 @@ through llama.cpp gave 4 (bfloat16 compute, emulated on CPUs without native bflo
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +45,39 @@ def hf_model_dir(cache: Path | None = None) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """Parse a GGUF's metadata once however often transformers asks (for the tokenizer, the config, the
+    weights: three or four times, about 20 s each on two cores for Gemma's 262k-token vocabulary, whose
+    strings the `gguf` reader walks in Python). Readers are only read from, so one can serve every call."""
+    import gguf as gguf_module
+
+    real = gguf_module.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf_module.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_module.GGUFReader = real
+
+
 def _convert(gguf: Path, folder: Path) -> None:
     import torch
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+        with _gguf_read_once():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype=torch.bfloat16)
     except (ImportError, ValueError) as e:
         raise OpenRebenchError(f"cannot read {gguf.name} into PyTorch ({str(e).splitlines()[0][:200]}): "
                                "pip install gguf accelerate") from None
