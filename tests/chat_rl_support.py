@@ -64,7 +64,8 @@ def completions_server(handler: Any) -> Iterator[str]:
     async def main() -> None:
         app = web.Application(client_max_size=1 << 24)
         app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app)
+        # a handler still waiting when the server stops (a judge that hangs) is cancelled, not awaited
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         box["port"] = runner.addresses[0][1]
@@ -72,6 +73,10 @@ def completions_server(handler: Any) -> Iterator[str]:
         ready.set()
         await box["stop"].wait()
         await runner.cleanup()
+        hung = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in hung:
+            task.cancel()
+        await asyncio.gather(*hung, return_exceptions=True)
 
     thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
     thread.start()

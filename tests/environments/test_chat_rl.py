@@ -283,23 +283,31 @@ def test_a_prompted_verdict_the_answer_prevents_counts_as_a_loss(
 
 
 @pytest.fixture
-def hanging_judge() -> Iterator[str]:
-    """An OpenAI-compatible server whose completions never answer."""
+def hanging_judge() -> Iterator[tuple[str, list[float]]]:
+    """An OpenAI-compatible server whose completions never answer; the list holds when each was asked."""
+    import time
+
+    asked: list[float] = []
+
     async def never(request: web.Request) -> web.Response:
+        asked.append(time.monotonic())
         await asyncio.sleep(3600)
         return web.json_response({})
 
     with completions_server(never) as url:
-        yield url
+        yield url, asked
 
 
-def test_a_judge_that_hangs_ends_in_the_scoring_time_limit(run_dirs: Any, hanging_judge: str) -> None:
+def test_a_judge_that_hangs_ends_in_the_scoring_time_limit(
+        run_dirs: Any, hanging_judge: tuple[str, list[float]]) -> None:
     solution, protected = run_dirs
-    access = ScoringAccess(env={"OPENAI_BASE_URL": hanging_judge, "OPENAI_API_KEY": "test"})
+    url, asked = hanging_judge
+    access = ScoringAccess(env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "test"})
     result = score_solution(
         "chat_rl", "mini", solution, protected, timeout_s=20, memory_limit_gb=4, access=access
     )
     assert result.raw is None and "took longer than the 20 s scoring limit" in result.message, result.message
+    assert asked  # the scoring had reached the judge: its hanging, not the set-up, used up the limit
 
 
 def test_a_set_up_without_the_judge_is_one_line_before_anything_is_built(tmp_path: Path) -> None:

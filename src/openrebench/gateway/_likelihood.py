@@ -24,6 +24,7 @@ from openrebench.base import OpenRebenchError
 HF_FOLDER = "gemma-3-270m-hf"
 _BUILD_VERSION = "1"
 MAX_TEXT_TOKENS = 1024  # per prompt: a judge's question and answer fit many times over
+ECHO_BATCH = 8  # texts per forward pass, taken in order of length
 
 
 def hf_model_dir(cache: Path | None = None) -> Path:
@@ -118,10 +119,36 @@ class Likelihood:
     def echo(self, texts: list[str]) -> list[dict[str, Any]]:
         """For each text, OpenAI's completions `logprobs` object for its own tokens: `tokens`,
         `token_logprobs`, `text_offset`, and no `top_logprobs`. The model's start-of-text token is put
-        before each text (so even the first token has a log-probability) and is not listed."""
+        before each text (so even the first token has a log-probability) and is not listed.
+
+        Texts are scored in batches of similar length (a judge's request mixes answers with and without
+        their question: padding the short ones to the long cost a sixth of the time), and each distinct
+        prefix's next-token probability is computed once per batch (candidates for one question share
+        the question's rows; the vocabulary's product is most of the cost)."""
         with self._lock:
             self._load()
-            return [x for i in range(0, len(texts), 16) for x in self._one_batch(texts[i:i + 16])]
+            tok = self._tokenizer
+            encoded = [tok(t, add_special_tokens=False, return_offsets_mapping=True) for t in texts]
+            for e in encoded:
+                if len(e.input_ids) > MAX_TEXT_TOKENS:
+                    raise ValueError(f"a prompt of {len(e.input_ids)} tokens is longer than the "
+                                     f"{MAX_TEXT_TOKENS} the offline model's echo takes")
+                if not e.input_ids:
+                    raise ValueError("an empty prompt has no tokens to score")
+            order = sorted(range(len(texts)), key=lambda i: len(encoded[i].input_ids))
+            chosen: dict[int, list[float]] = {}
+            for start in range(0, len(order), ECHO_BATCH):
+                batch = order[start:start + ECHO_BATCH]
+                scored = self._one_batch([encoded[i].input_ids for i in batch])
+                chosen.update(zip(batch, scored, strict=True))
+        out = []
+        for i, (text, e) in enumerate(zip(texts, encoded, strict=True)):
+            n = len(e.input_ids)
+            offsets = [int(a) for a, _ in e.offset_mapping]
+            pieces = [text[a:(offsets[k + 1] if k + 1 < n else len(text))] for k, a in enumerate(offsets)]
+            out.append({"tokens": pieces, "token_logprobs": chosen[i], "top_logprobs": None,
+                        "text_offset": offsets})
+        return out
 
     def unload(self) -> None:
         """Let the weights go (the next request loads them again)."""
@@ -134,42 +161,39 @@ class Likelihood:
             self._load()
             return len(self._tokenizer(text, add_special_tokens=False).input_ids)
 
-    def _one_batch(self, texts: list[str]) -> list[dict[str, Any]]:
+    def _one_batch(self, texts: list[list[int]]) -> list[list[float]]:
+        """Each token's log-probability after the tokens before it (the start token first)."""
         import torch
 
-        tok = self._tokenizer
-        encoded = [tok(t, add_special_tokens=False, return_offsets_mapping=True) for t in texts]
-        for e in encoded:
-            if len(e.input_ids) > MAX_TEXT_TOKENS:
-                raise ValueError(f"a prompt of {len(e.input_ids)} tokens is longer than the "
-                                 f"{MAX_TEXT_TOKENS} the offline model's echo takes")
-            if not e.input_ids:
-                raise ValueError("an empty prompt has no tokens to score")
-        bos = tok.bos_token_id
-        rows = [[bos, *e.input_ids] for e in encoded]
+        bos = self._tokenizer.bos_token_id
+        rows = [[bos, *ids] for ids in texts]
         width = max(len(r) for r in rows)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-        out = []
+        # Row k of a text predicts its token k + 1 from its tokens up to k: texts that begin alike share
+        # those rows. Each distinct (prefix, next token) is scored once: a prefix is named by the slot of
+        # the prefix one token shorter and its last token (the start token alone: -1).
+        where: dict[tuple[int, int], int] = {}
+        picks: list[tuple[int, int]] = []
+        slots = []
+        for i, r in enumerate(rows):
+            row_slots, previous = [], -1
+            for k in range(len(r) - 1):
+                previous = where.setdefault((previous, r[k + 1]), len(where))
+                if previous == len(picks):
+                    picks.append((i, k))
+                row_slots.append(previous)
+            slots.append(row_slots)
         with torch.inference_mode():
             hidden = self._model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-            # Row k of a text predicts its token k: the rows before each text's last, in one product.
-            rows_of = [hidden[i, :len(e.input_ids)] for i, e in enumerate(encoded)]
-            targets = torch.tensor([t for e in encoded for t in e.input_ids])
-            logits = self._model.lm_head(torch.cat(rows_of))
+            at = torch.tensor(picks)
+            targets = torch.tensor([rows[i][k + 1] for i, k in picks])
+            logits = self._model.lm_head(hidden[at[:, 0], at[:, 1]])
             # Fused: a separate log-softmax over the 262k-token vocabulary took 20x longer (2 GB written
             # for a batch).
-            chosen = (-torch.nn.functional.cross_entropy(logits, targets, reduction="none").float()).tolist()
-        start = 0
-        for text, e in zip(texts, encoded, strict=True):
-            n = len(e.input_ids)
-            offsets = [int(a) for a, _ in e.offset_mapping]
-            pieces = [text[a:(offsets[k + 1] if k + 1 < n else len(text))] for k, a in enumerate(offsets)]
-            out.append({"tokens": pieces, "token_logprobs": chosen[start:start + n], "top_logprobs": None,
-                        "text_offset": offsets})
-            start += n
-        return out
+            values = (-torch.nn.functional.cross_entropy(logits, targets, reduction="none").float()).tolist()
+        return [[values[slot] for slot in row_slots] for row_slots in slots]
 
 
 # Chat parameters llama.cpp takes and drops with the offline model (its template has no tool format, it

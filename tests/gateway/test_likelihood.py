@@ -1,0 +1,64 @@
+"""The offline model's echo (`Likelihood`), on a tiny random Gemma 3 with GPT-2's tokenizer: texts are
+scored in batches by length, and rows that texts share are scored once; neither may change a number."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from openrebench.gateway._likelihood import ECHO_BATCH, Likelihood
+
+pytest_plugins = ["lm_support"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(lm_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    folder = tmp_path_factory.mktemp("tiny-gemma")
+    config = Gemma3TextConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, bos_token_id=50256,
+                              eos_token_id=50256, pad_token_id=0, sliding_window=8)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"))
+    gpt2 = lm_home / "lm" / "tokenizer-gpt2"
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(gpt2 / name, folder / name)
+    return folder
+
+
+def test_batched_and_shared_rows_give_what_each_text_alone_gives(tiny_model: Path) -> None:
+    question = "Question: What does the word lantern mean?\nAnswer:"
+    answers = ["a light", "a case that holds a light and keeps the wind from it", "", "a light", "no"]
+    texts = [f"{question} {a}".rstrip() for a in answers] + [f"Answer: {a}" for a in answers if a]
+    texts += ["Question: What is a river?\nAnswer: water that flows", "x", "Answer:"]
+    assert len(texts) > ECHO_BATCH  # more than one batch, of texts of different lengths, in mixed order
+    likelihood = Likelihood(tiny_model)
+    together = likelihood.echo(texts)
+    alone = [likelihood.echo([t])[0] for t in texts]
+    assert len(together) == len(texts)
+    for text, a, b in zip(texts, together, alone, strict=True):
+        assert a["tokens"] == b["tokens"] and "".join(a["tokens"]) == text
+        assert a["text_offset"] == b["text_offset"] and a["top_logprobs"] is None
+        assert len(a["token_logprobs"]) == len(a["tokens"])
+        assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-4), text
+        assert all(v < 0 for v in a["token_logprobs"])
+    # texts that begin alike get the same numbers for what they share
+    first, second = together[0]["token_logprobs"], together[1]["token_logprobs"]
+    shared = len(likelihood.echo([question])[0]["tokens"])
+    assert first[:shared] == second[:shared]
+    assert together[0]["token_logprobs"] == together[3]["token_logprobs"]  # the same text twice
+
+
+def test_an_overlong_or_empty_prompt_is_refused_whole(tiny_model: Path) -> None:
+    likelihood = Likelihood(tiny_model)
+    with pytest.raises(ValueError, match="empty prompt"):
+        likelihood.echo(["fine", ""])
+    with pytest.raises(ValueError, match="longer than the 1024"):
+        likelihood.echo(["fine", "word " * 1100])
