@@ -122,9 +122,9 @@ class Likelihood:
         before each text (so even the first token has a log-probability) and is not listed.
 
         Texts are scored in batches of similar length (a judge's request mixes answers with and without
-        their question: padding the short ones to the long cost a sixth of the time), and each distinct
-        prefix's next-token probability is computed once per batch (candidates for one question share
-        the question's rows; the vocabulary's product is most of the cost)."""
+        their question: padding the short ones to the long ones' length cost a sixth of the transformer's
+        time), and each distinct prefix's next-token probability is computed once per batch (candidates
+        for one question share the question's rows; the vocabulary's product is most of the cost)."""
         with self._lock:
             self._load()
             tok = self._tokenizer
