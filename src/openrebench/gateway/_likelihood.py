@@ -7,8 +7,9 @@ server gives log-probabilities of generated tokens only, and forcing an answer t
 a time (a grammar or a logit bias) ran at 4 tokens/s on two cores. So echo requests to the offline
 model are served here instead, by the same weights in PyTorch: the GGUF dequantised once by
 transformers into a cached Hugging Face folder (stored in bfloat16; about 540 MB), computed in float32,
-then one batched forward pass per request: about 100 tokens/s on two AMD EPYC cores, where a grammar
-through llama.cpp gave 4 (bfloat16 compute, emulated on CPUs without native bfloat16, ran at 26).
+then forward passes of up to 8 prompts of similar length, sharing the rows their prefixes have in
+common: about 100 tokens/s on two AMD EPYC cores, where a grammar through llama.cpp gave 4 (bfloat16
+compute, emulated on CPUs without native bfloat16, ran at 26).
 """
 
 from __future__ import annotations
