@@ -470,29 +470,3 @@ def test_refusals_state_the_limit_they_met(gw: Gateway, tmp_path: Path, backend:
         client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "x" * 300}])
     assert "falls" in e.value.message and "token(s) short" in e.value.message
     assert backend.bodies == []
-
-
-def test_the_offline_models_gguf_is_parsed_once_per_conversion(tmp_path: Path) -> None:
-    """transformers parses a GGUF for the tokenizer, the config and the weights; inside the conversion
-    every parse of one file gets the first reader (same fields, same tensors), and outside it readers are
-    made afresh again."""
-    import gguf
-    import numpy as np
-
-    from openrebench.gateway._likelihood import _gguf_read_once
-
-    path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
-    writer.add_tensor("x", np.arange(4, dtype=np.float32).reshape(2, 2))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    real = gguf.GGUFReader
-    with _gguf_read_once():
-        first = gguf.GGUFReader(path)
-        assert gguf.GGUFReader(str(path)) is first  # by path, however it is spelled
-        assert [t.name for t in first.tensors] == ["x"] and "tokenizer.ggml.tokens" in first.fields
-        assert first.tensors[0].data.tolist() == [[0.0, 1.0], [2.0, 3.0]]
-    assert gguf.GGUFReader is real and real(path) is not first

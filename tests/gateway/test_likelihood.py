@@ -1,5 +1,6 @@
-"""The offline model's echo (`Likelihood`), on a tiny random Gemma 3 with GPT-2's tokenizer: texts are
-scored in batches by length, and rows that texts share are scored once; neither may change a number."""
+"""The offline model's PyTorch copy: its GGUF parsed once per conversion, and its echo (`Likelihood`), on
+a tiny random Gemma 3 with GPT-2's tokenizer: texts are scored in batches by length, and rows that texts
+share are scored once; neither may change a number."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openrebench.gateway._likelihood import ECHO_BATCH, Likelihood
+from openrebench.gateway._likelihood import ECHO_BATCH, Likelihood, _gguf_read_once
 
 pytest_plugins = ["lm_support"]
 
@@ -62,3 +63,27 @@ def test_an_overlong_or_empty_prompt_is_refused_whole(tiny_model: Path) -> None:
         likelihood.echo(["fine", ""])
     with pytest.raises(ValueError, match="longer than the 1024"):
         likelihood.echo(["fine", "word " * 1100])
+
+
+def test_the_offline_models_gguf_is_parsed_once_per_conversion(tmp_path: Path) -> None:
+    """transformers parses a GGUF for the tokenizer, the config and the weights; inside the conversion
+    every parse of one file gets the first reader (same fields, same tensors), and outside it readers are
+    made afresh again."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    writer.add_tensor("x", np.arange(4, dtype=np.float32).reshape(2, 2))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    real = gguf.GGUFReader
+    with _gguf_read_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # by path, however it is spelled
+        assert [t.name for t in first.tensors] == ["x"] and "tokenizer.ggml.tokens" in first.fields
+        assert first.tensors[0].data.tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    assert gguf.GGUFReader is real and real(path) is not first
