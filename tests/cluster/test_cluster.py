@@ -124,8 +124,11 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     root = tmp_path_factory.mktemp("cluster")
     plugin = write_toy_plugin(root / "site")
     path = os.pathsep.join(filter(None, [str(TESTS), str(plugin), os.environ.get("PYTHONPATH")]))
+    # The nodes' processes start here, before any test's environment: they are told themselves what
+    # conftest tells every test, that no machine calibrates itself (optimize_kernel's oracle attempt would
+    # otherwise score the start and the reference six times first, on a machine that no record has).
     env = {**RAY_ENV, "RAY_AUTH_MODE": "token", "PYTHONPATH": path, "TOY_BUILD_LOG": str(root / "builds.log"),
-           "TOY_FAKE_GPUS": "1"}
+           "TOY_FAKE_GPUS": "1", "OPENREBENCH_SELF_CALIBRATION": "0"}
     saved = {k: os.environ.get(k) for k in (*RAY_ENV, *RAY_AUTH)}
     s = Sim(cluster=None, root=root, plugin=plugin, env=env, token=generate_token(root / "token-maker"))
     # The head's own processes (started from here) and this process, the driver: token mode, the token in

@@ -28,9 +28,13 @@ pytest.importorskip("openai")
 
 RATE_LIMITED = 2  # the first requests refused with a 429
 RETRY_AFTER_S = 2
+# Every file a leak could have put the key in: those written since the key was made (the search of the
+# whole tree read gigabytes of the Python environment, written long before the key existed). A control
+# file holding the piece of the key shows that the search finds what is there.
 LOOK_FOR_KEY = ("env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c '^OPENAI_API_KEY=' ; "
-                "grep -rIl \"$PROBE\" / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -5; "
-                "echo searched")
+                "echo \"$PROBE\" > /tmp/control-probe; "
+                "find / \\( -path /proc -o -path /sys \\) -prune -o -type f -newermt @$SINCE -print0 "
+                "2>/dev/null | xargs -0 -r grep -Il \"$PROBE\" 2>/dev/null | head -5; echo searched")
 
 
 class _Provider(BaseHTTPRequestHandler):
@@ -39,6 +43,7 @@ class _Provider(BaseHTTPRequestHandler):
 
     requests: ClassVar[list[dict[str, Any]]] = []  # each: time, authorization, body
     probe: ClassVar[str] = ""
+    since: ClassVar[int] = 0  # when the key was made (a second before, for the clock's granularity)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -53,7 +58,8 @@ class _Provider(BaseHTTPRequestHandler):
             self._send(429, json.dumps(error).encode(), {"retry-after": str(RETRY_AFTER_S)})
             return
         done = sum(m["role"] == "tool" for m in body["messages"])
-        script = [("bash", {"command": LOOK_FOR_KEY.replace("$PROBE", self.probe)}),
+        look = LOOK_FOR_KEY.replace("$PROBE", self.probe).replace("$SINCE", str(self.since))
+        script = [("bash", {"command": look}),
                   ("python", {"code": write_reference_code("example_fit")}),
                   ("score", {})]
         message: dict[str, Any] = {"role": "assistant", "content": "Done: the reference solution is in."}
@@ -94,6 +100,7 @@ def provider() -> Iterator[str]:
 @pytest.mark.skipif(bwrap_binary() is None, reason="needs bubblewrap: the key's absence is the sandbox's")
 def test_a_react_attempt_through_a_stand_in_provider_scores_with_the_key_out_of_the_sandbox(
         tmp_path: Path, provider: str) -> None:
+    _Provider.since = int(time.time()) - 1
     key = f"sk-stand-in-{secrets.token_hex(12)}"
     _Provider.probe = key[-16:]  # a piece of the key: what a search of the sandbox's files looks for
     env = {**os.environ, "OPENAI_API_KEY": key, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
@@ -114,7 +121,8 @@ def test_a_react_attempt_through_a_stand_in_provider_scores_with_the_key_out_of_
     assert len(results) >= 3
     looked = str(results[0]["content"])
     assert "\nPATH=" in looked and "OPENAI" not in looked  # the sandbox's environment, without the key
-    assert looked.rstrip().endswith("\n0\nsearched")  # no process had it; no file held a piece of it
+    # no process had it; no file held a piece of it but the control
+    assert looked.rstrip().endswith("\n0\n/tmp/control-probe\nsearched"), looked[-500:]
     assert key not in json.dumps([r["body"] for r in requests])
 
     from inspect_ai.log import list_eval_logs, read_eval_log
