@@ -5,7 +5,9 @@ times, interleaved, in the scoring sandbox with the tier's task model through th
 task_model=...` for another). Per scoring it records the raw score (problems solved), the outcome of
 every problem, the seconds spent generating (the scaffold on the held-out problems, in batches) and
 judging (rustc and the tests), and the task model's requests, tokens and cost on the scoring's grant.
-It prints medians and spreads and writes every scoring to `--out`.
+It prints medians and spreads and writes every scoring to `--out`; with `--record`, also the
+calibration record the start's and the reference's scorings make (what `openrebench calibrate
+rust_codecontests --ship` would have measured, written there), so that one run both ships and documents.
 
     .venv/bin/python benchmarks/rust_codecontests.py --tier mini --repeats 2 \\
         --out benchmarks/results/rust_codecontests/$(date +%F)_mini_xeon.json
@@ -42,6 +44,23 @@ def one_scoring(run: Run, models: RunModels) -> dict[str, Any]:
             "cost_usd": total.get("cost_usd")}
 
 
+def write_record(env: Any, tier: str, scorings: dict[str, list[dict[str, Any]]], models: dict[str, str],
+                 repeats: int, path: Path) -> None:
+    """The calibration record these scorings make, as `openrebench calibrate` writes it."""
+    from openrebench.runs._calibration import calibrate
+
+    queues = {which: iter(rows) for which, rows in scorings.items()}
+
+    def score_once(which: str) -> tuple[float | None, str]:
+        row = next(queues[which])
+        return row["raw"], str(row["message"])
+
+    record = calibrate(env, tier, repeats, score_once=score_once, models=models,
+                       command=shlex.join([Path(sys.executable).name, *sys.argv]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(record.model_dump_json(indent=2) + "\n")
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
@@ -53,6 +72,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--env-model", action="append", default=[], help="ROLE=MODEL, as for `eval`")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--record", type=Path, help="write the calibration record these scorings make here "
+                        "(e.g. src/openrebench/environments/rust_codecontests/calibration/<name>.json)")
     args = parser.parse_args()
     env = get_environment("rust_codecontests")
     overrides = dict(pair.split("=", 1) for pair in args.env_model)
@@ -94,6 +115,9 @@ def main() -> None:
                       f"{s['prompt_tokens']['median']:.0f} / {s['completion_tokens']['median']:.0f}",
                       f"{s['cost_usd']['median']:.4f}")
     console.print(table)
+    if args.record is not None:
+        write_record(env, args.tier, scorings, overrides, args.repeats, args.record)
+        console.print(f"record written to {args.record}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({

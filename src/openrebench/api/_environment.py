@@ -238,7 +238,8 @@ class Environment(ABC, Generic[P]):
     """One RE-Bench environment: a small class plus the files in its folder.
 
     The folder holds `instructions.md` (a `string.Template` filled from the tier's params and what the
-    run has: `$time_limit`, and where the tier declares models `$model_<role>` and `$model_budget`),
+    run has: `$time_limit`, and where the tier declares models `$model_<role>`, `$model_budget` and
+    `$scoring_model_budget`),
     `starting/` (the starting solution), `reference/` (the hidden reference solution, masked in
     every sandbox) and `calibration/` (the records the tiers' default constants come from, masked too).
     `P` is the model of the tiers' params: `class MyEnv(Environment[MyParams])` makes
@@ -292,7 +293,8 @@ class Environment(ABC, Generic[P]):
         """The agent's instructions, with what its run really has: `time_limit_s` the working time
         (default: the tier's), told as `$time_limit` ("30 minutes", "8 hours"); where the tier declares
         models, `models` (role: model spec) the run's model of each role and `budget` its budget for
-        them (default: the tier's), told as `$model_<role>` and `$model_budget`."""
+        them (default: the tier's), told as `$model_<role>` and `$model_budget`, and each scoring's budget
+        as `$scoring_model_budget`."""
         spec = self.tier(tier)
         seconds = spec.time_limit_hours * 3600 if time_limit_s is None else time_limit_s
         text = (self.root / "instructions.md").read_text()
@@ -304,6 +306,8 @@ class Environment(ABC, Generic[P]):
             values |= {f"model_{role}": r.describe(given_models.get(role)) for role, r in spec.models.items()}
             given = budget or spec.model_budget
             values["model_budget"] = given.describe() if given else "no set limit"
+            scoring = spec.scoring_model_budget
+            values["scoring_model_budget"] = scoring.describe() if scoring else "the run's budget"
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 
     def build_assets(self, tier: str, cache_dir: Path) -> None:  # an optional hook

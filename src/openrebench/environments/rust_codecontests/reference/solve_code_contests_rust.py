@@ -1,10 +1,12 @@
 """The reference scaffold: sample several programs per call, keep those that pass the public tests
-(judged with the scorer's own utilities), sample again while none does and time remains, and let the
-survivors vote.
+(judged with the scorer's own utilities), sample again while none does, and let the survivors vote.
 
 Two prompt styles, chosen once by what the task model serves: a base model (the completions
 endpoint) continues a file of worked examples ending in the problem's statement and the first lines of
 a Rust program that reads all of standard input; a chat model is asked for one fenced Rust program.
+A small base model mostly adapts the last worked example it read, so the examples are ordered by how
+many words their statements share with the problem's, the closest last, and a second round puts the
+next closest last.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ import rust_codecontests_utils as rcu
 from openai import AsyncOpenAI
 
 MODEL = "task_model"
-ROUNDS = 3            # sampling rounds at most per problem
 SAMPLES = 4           # programs per call
-# Per problem, no new round starts after this: a chat model answers in seconds (a batch has 60 s in the
-# paper); a base model served on a CPU (the mini tier's, 150 s a batch) takes that long for a round of
-# a whole batch.
-TIME_BUDGET_S = {"chat": 45.0, "completion": 110.0}
+# Sampling rounds at most per problem. A chat model also stops once 45 s have gone (a batch has 60 s in
+# the paper); a base model's rounds are counted, not timed, so that what the scaffold draws does not
+# depend on how fast the machine serves the model.
+ROUNDS = {"chat": 3, "completion": 2}
+CHAT_TIME_BUDGET_S = 45.0
 MAX_TOKENS = 150
 
 HEAD = """use std::io::{self, Read};
@@ -106,9 +108,28 @@ def _statement(description: str, input_format: str, example_in: str, example_out
                     f"{example_out}") + "\n"
 
 
-def completion_prompt(problem: dict[str, Any]) -> str:
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def closest_last(problem: dict[str, Any], round_: int = 0) -> list[tuple[str, ...]]:
+    """The worked examples, those whose statements share the most words with the problem's last (Jaccard
+    similarity; ties keep their order); from the second round on, the next closest last instead."""
+    words = _words(problem["description"])
+
+    def similarity(example: tuple[str, ...]) -> float:
+        theirs = _words(example[0] + " " + example[1])
+        return len(words & theirs) / max(1, len(words | theirs))
+
+    ordered = sorted(EXAMPLES, key=similarity)
+    if round_ % 2 == 1:
+        ordered[-1], ordered[-2] = ordered[-2], ordered[-1]
+    return ordered
+
+
+def completion_prompt(problem: dict[str, Any], round_: int = 0) -> str:
     """The worked examples, then the problem's statement (which quotes its example) and the program's head."""
-    shots = [_statement(*example[:4]) + HEAD + example[4] + "\n" for example in EXAMPLES]
+    shots = [_statement(*example[:4]) + HEAD + example[4] + "\n" for example in closest_last(problem, round_)]
     return "\n".join(shots) + "\n" + _comment(problem["description"]) + "\n" + HEAD
 
 
@@ -140,15 +161,15 @@ def chat_prompt(problem: dict[str, Any]) -> str:
 
 
 async def sample(client: AsyncOpenAI, semaphore: asyncio.Semaphore, problem: dict[str, Any],
-                 temperature: float, seed: int) -> list[str]:
+                 temperature: float, round_: int) -> list[str]:
     """Candidate programs from one call."""
     global _chat_only
     if not _chat_only:
         try:
             async with semaphore:
                 out = await client.completions.create(
-                    model=MODEL, prompt=completion_prompt(problem), n=SAMPLES, temperature=temperature,
-                    max_tokens=MAX_TOKENS, stop=["\n}\n"], seed=seed)
+                    model=MODEL, prompt=completion_prompt(problem, round_), n=SAMPLES,
+                    temperature=temperature, max_tokens=MAX_TOKENS, stop=["\n}\n"], seed=round_)
             return [repair(HEAD + c.text.rstrip() + "\n}\n") for c in out.choices]
         except (openai.NotFoundError, openai.BadRequestError, openai.UnprocessableEntityError) as e:
             if "complet" not in str(e).lower() and "chat" not in str(e).lower():
@@ -157,7 +178,7 @@ async def sample(client: AsyncOpenAI, semaphore: asyncio.Semaphore, problem: dic
     async with semaphore:
         out = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": chat_prompt(problem)}], n=SAMPLES,
-            temperature=temperature, max_tokens=1024, seed=seed)
+            temperature=temperature, max_tokens=1024, seed=round_)
     found = (rcu.extract_rust(c.message.content or "") for c in out.choices)
     return [f for f in found if f]
 
@@ -177,11 +198,13 @@ async def generate_solution(client: AsyncOpenAI, semaphore: asyncio.Semaphore,
     start = time.monotonic()
     survivors: list[str] = []
     first = ""
-    for round_ in range(ROUNDS):
-        if survivors or time.monotonic() - start > TIME_BUDGET_S["chat" if _chat_only else "completion"]:
+    round_ = 0
+    while not survivors and round_ < ROUNDS["chat" if _chat_only else "completion"]:
+        if _chat_only and time.monotonic() - start > CHAT_TIME_BUDGET_S:
             break
+        round_ += 1
         try:
-            candidates = await sample(client, semaphore, problem, temperature=0.3 + 0.3 * round_, seed=round_)
+            candidates = await sample(client, semaphore, problem, temperature=0.3 * round_, round_=round_ - 1)
         except openai.APIError:
             continue
         first = first or (candidates[0] if candidates else "")
