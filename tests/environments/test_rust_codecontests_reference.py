@@ -1,7 +1,8 @@
 """rust_codecontests' reference scaffold, its sampling policy without a model: the worked example closest to
 the problem comes last (the small base model adapts the last one it read), and on a base model it draws a
 fixed number of rounds however slowly the model answers, so that what it draws, and so its score, does not
-follow the machine's speed."""
+follow the machine's speed. And the mini tier's limits: its scoring timeout holds what its batches and its
+judging may take."""
 
 from __future__ import annotations
 
@@ -95,3 +96,22 @@ def test_sampling_stops_at_the_first_round_with_a_program_that_passes(
         ref: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     answer, calls = _run(ref, monkeypatch, passing={1})
     assert len(calls) == 1 and answer.startswith(ref.HEAD)
+
+
+def test_the_mini_scoring_timeout_holds_both_batches_and_the_slowest_judging() -> None:
+    """A scaffold may use each batch's whole time and return programs that each take their compile timeout
+    or run every test near its limit: the scoring still ends inside the tier's limit, with a row."""
+    import math
+
+    from openrebench.environments.rust_codecontests import problems, scorer
+    from openrebench.environments.rust_codecontests.env import RustCodecontests
+
+    spec = RustCodecontests.tiers["mini"]
+    params = spec.params
+    _, test = problems.mini_problems()
+    generating = math.ceil(len(test) / params.batch_size) * (params.batch_timeout_s
+                                                             + scorer.grace_s(params.batch_timeout_s))
+    per_program = [params.compile_timeout_s + p["time_limit_s"] * len(rust_utils.problem_tests(p))
+                   for p in test]
+    judging = math.ceil(len(test) / params.test_workers) * max(per_program)
+    assert generating + judging <= spec.score_timeout_s, (generating, judging)

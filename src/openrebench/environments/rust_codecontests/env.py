@@ -87,7 +87,9 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
                                      "beginner problems (26 for validation).",
             device="cpu", hardware="any x86-64 or arm64 CPU (2 cores are enough) and rustc",
             time_limit_hours=2,
-            score_timeout_s=900, memory_limit_gb=4, params=MINI,
+            # Two batches of 360 s and their grace (802 s), then the judging of 24 programs, which may each
+            # take their compile timeout or ten tests near the time limit.
+            score_timeout_s=1500, memory_limit_gb=4, params=MINI,
             calibration=CALIBRATION / "mini--cpu-amd-epyc--task-model-local.json",
             models={"task_model": ModelRole(description="writes the Rust programs", model=LOCAL_MODEL,
                                             label="Gemma 3 270M, a small base model served offline")},
