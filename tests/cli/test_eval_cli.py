@@ -158,10 +158,14 @@ def test_a_tiers_reply_cap_holds_for_its_own_model_only_and_the_agent_is_told(tm
     other = RunModels.for_tier(env, "mini", {"task_model": GRANTED})
     assert other is not None and other.scoring_budget is not None
     assert other.budget.reply_tokens is None and other.scoring_budget.reply_tokens is None
+    scoring = f"{env.tier('mini').scoring_model_budget.tokens:,} tokens"  # each scoring's, told too
     (sample,) = environment_tasks()["rust_codecontests"]().dataset
-    assert "each reply at most 256 tokens" in " ".join(str(sample.input).split())
+    text = " ".join(str(sample.input).split())
+    assert "each reply at most 256 tokens" in text
+    assert f"{scoring} (each reply at most 256 tokens: a longer one is cut there) for all the" in text
     (sample,) = environment_tasks()["rust_codecontests"](task_model=GRANTED).dataset
-    assert "each reply at most" not in str(sample.input)
+    text = " ".join(str(sample.input).split())
+    assert "each reply at most" not in text and f"{scoring} for all the held-out" in text
     run, _ = start_run(env, "mini", tmp_path / "run", score_start=False)
     (run.path / "gateway").mkdir()
     for models, cap in (({"task_model": "local"}, 256), ({"task_model": GRANTED}, None)):

@@ -181,6 +181,12 @@ class TierSpec(BaseModel, Generic[P]):
     def gpu_count(self) -> int:
         return self.gpus or (1 if self.device == "cuda" else 0)
 
+    def own_models(self, models: Mapping[str, str] | None) -> bool:
+        """Whether `models` (role: model; None: the tier's) are the tier's own, which its caps on a reply
+        (`ModelBudget.reply_tokens`) are for: a run given others is not cut to what suits a small CPU
+        model."""
+        return models is None or all(models.get(role) == r.model for role, r in self.models.items())
+
     @property
     def default_constants(self) -> NormConstants:
         """The constants of a machine that has no calibration record of its own. The shipped record is read
@@ -307,6 +313,8 @@ class Environment(ABC, Generic[P]):
             given = budget or spec.model_budget
             values["model_budget"] = given.describe() if given else "no set limit"
             scoring = spec.scoring_model_budget
+            if scoring is not None and not spec.own_models(models):
+                scoring = scoring.model_copy(update={"reply_tokens": None})
             values["scoring_model_budget"] = scoring.describe() if scoring else "the run's budget"
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 

@@ -67,9 +67,8 @@ def resolve_models(env: Environment, tier: str, overrides: Mapping[str, str] | N
 
 
 def _own_models(env: Environment, tier: str, models: Mapping[str, str] | None) -> bool:
-    """Whether `models` (role: model; None: the tier's) are the tier's own, which its caps on a reply
-    (`ModelBudget.reply_tokens`) are for: a run given others is not cut to what suits a small CPU model."""
-    return models is None or all(models.get(role) == r.model for role, r in env.tier(tier).models.items())
+    """Whether `models` are the tier's own (`TierSpec.own_models`)."""
+    return env.tier(tier).own_models(models)
 
 
 def resolve_budget(env: Environment, tier: str, usd: float | None = None,
