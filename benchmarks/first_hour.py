@@ -8,8 +8,8 @@ score log's durations: the set-up scoring of the start, then the oracle's) and t
 from its Inspect log; then the react attempt on the offline model. Warm demo: the same `make demo`
 again, the cache kept. The machine is described (CPU model, cores, memory) beside the numbers.
 
-    python3 benchmarks/first_hour.py --out benchmarks/results/first_hour/$(date +%F)_<machine>.json
-    python3 benchmarks/first_hour.py --skip-test --out /tmp/demo_only.json   # the demos alone
+    .venv/bin/python benchmarks/first_hour.py --out benchmarks/results/first_hour/$(date +%F)_<machine>.json
+    .venv/bin/python benchmarks/first_hour.py --skip-test --out /tmp/demo_only.json   # the demos alone
 
 Each phase takes as long as it takes (the targets: cold demo 15 minutes, warm 5, test 10, on 2 cores);
 run it on a quiet machine.
