@@ -187,6 +187,14 @@ class TierSpec(BaseModel, Generic[P]):
         model."""
         return models is None or all(models.get(role) == r.model for role, r in self.models.items())
 
+    def scoring_budget(self, models: Mapping[str, str] | None) -> ModelBudget | None:
+        """Each scoring's budget for a run of `models`: the tier's, without its reply cap where the models
+        are not the tier's own (`own_models`)."""
+        budget = self.scoring_model_budget
+        if budget is not None and not self.own_models(models):
+            budget = budget.model_copy(update={"reply_tokens": None})
+        return budget
+
     @property
     def default_constants(self) -> NormConstants:
         """The constants of a machine that has no calibration record of its own. The shipped record is read
@@ -312,9 +320,7 @@ class Environment(ABC, Generic[P]):
             values |= {f"model_{role}": r.describe(given_models.get(role)) for role, r in spec.models.items()}
             given = budget or spec.model_budget
             values["model_budget"] = given.describe() if given else "no set limit"
-            scoring = spec.scoring_model_budget
-            if scoring is not None and not spec.own_models(models):
-                scoring = scoring.model_copy(update={"reply_tokens": None})
+            scoring = spec.scoring_budget(models)
             values["scoring_model_budget"] = scoring.describe() if scoring else "the run's budget"
         return string.Template(text).safe_substitute({k: str(v) for k, v in values.items()})
 

@@ -66,17 +66,12 @@ def resolve_models(env: Environment, tier: str, overrides: Mapping[str, str] | N
     return {role: str((overrides or {}).get(role, r.model)).strip() for role, r in spec.models.items()}
 
 
-def _own_models(env: Environment, tier: str, models: Mapping[str, str] | None) -> bool:
-    """Whether `models` are the tier's own (`TierSpec.own_models`)."""
-    return env.tier(tier).own_models(models)
-
-
 def resolve_budget(env: Environment, tier: str, usd: float | None = None,
                    tokens: int | None = None, models: Mapping[str, str] | None = None) -> Budget:
     """The run's budget: the tier's, each limit replaced where one is given; the tier's cap on a reply
-    where `models` are its own (`_own_models`)."""
+    where `models` are its own (`TierSpec.own_models`)."""
     default = env.tier(tier).model_budget
-    own = _own_models(env, tier, models)
+    own = env.tier(tier).own_models(models)
     for name, value in (("dollar", usd), ("token", tokens)):
         if value is not None and not value > 0:
             raise OpenRebenchError(f"the model {name} budget must be positive (got {value})")
@@ -117,11 +112,10 @@ class RunModels:
             return None
         models = resolve_models(env, tier, overrides)
         budget = resolve_budget(env, tier, usd, tokens, models)
-        per_scoring = spec.scoring_model_budget
+        per_scoring = spec.scoring_budget(models)
         return cls(models, budget, {role: r.description for role, r in spec.models.items()},
                    None if per_scoring is None else Budget(
-                       usd=per_scoring.usd, tokens=per_scoring.tokens,
-                       reply_tokens=per_scoring.reply_tokens if _own_models(env, tier, models) else None))
+                       usd=per_scoring.usd, tokens=per_scoring.tokens, reply_tokens=per_scoring.reply_tokens))
 
     @classmethod
     def of_run(cls, run: Run) -> RunModels | None:
