@@ -28,8 +28,21 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
 
 @pytest.fixture(scope="session")
 def shared_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder for the offline model's files (its GGUF, its PyTorch copy) for the whole session, and
-    every xdist worker: hundreds of MB, made once."""
+    """One folder for the offline model's files (its GGUF, its PyTorch copy, 800 MB that take 40 s of CPU
+    to make) for the whole session and every xdist worker: the machine's own (`<cache>/models`, or
+    $OPENREBENCH_MODELS), as `make demo` and every earlier session left it, so that a session makes
+    them only on a machine that has none. They are the model's files, verified (the GGUF by its hash) and
+    written whole under a lock, the same whoever makes them; a session folder where that one cannot be
+    written. Tests of the assembly itself use caches of their own."""
+    from openrebench.gateway._local_file import models_dir
+
+    try:
+        folder = models_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK | os.X_OK):
+            return folder
+    except OSError:
+        pass
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "models"
     folder.mkdir(exist_ok=True)

@@ -2,8 +2,8 @@
 reference scores, a hidden score whose last valid row counts, and the reference procedure's fit.
 
 No sweep runs here: the scorer uses the stored mini ground truth. The reference procedure is checked
-on a reduced grid and on synthetic data; the answer it reached when the constants were measured is
-in tests/data/scaling_law/reference_answer_mini.json.
+on a reduced grid and on synthetic data; the answer it reached when the constants were measured ships
+in reference/answer--mini.json, which set-up takes instead of running the procedure again.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ENV = get_environment("scaling_law")
 SPEC = ENV.tier("mini")
 SETUP = SPEC.params.setup
 TRUTH = GroundTruth.model_validate_json(ground_truth_path(ENV.root, "mini").read_text())
-REFERENCE_ANSWER = Path(__file__).parents[1] / "data" / "scaling_law" / "reference_answer_mini.json"
+SHIPPED_ANSWER = _assets.shipped_answer_path(ENV.root, "mini")
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +164,7 @@ def test_start_and_reference_score_their_constants_and_the_score_stays_hidden(ru
     constants = SPEC.default_constants
     start = score_run(run, sandboxed=False)
     assert start.raw == pytest.approx(constants.start, abs=1e-9) and start.normalised == 0
-    answer = json.loads(REFERENCE_ANSWER.read_text())
+    answer = json.loads(SHIPPED_ANSWER.read_text())["answer"]
     _write(run, answer)
     ref = score_run(run, sandboxed=False)
     assert ref.raw == pytest.approx(constants.reference, abs=1e-9)
@@ -291,3 +291,39 @@ def score_answer_of_start() -> float:
     answer = Answer(n_embd=n_embd, max_iters=setup.max_iters_for(n_embd, setup.target_flops),
                     loss_prediction=SPEC.params.start.loss_prediction)
     return score_answer(answer, TRUTH)[0]
+
+
+class _Ran(Exception):
+    """The reference procedure was started (its first experiment)."""
+
+
+def _no_experiments(*args: object, **kwargs: object) -> None:
+    raise _Ran
+
+
+def test_set_up_takes_the_shipped_reference_answer_where_its_build_key_holds(
+        sl_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped answer is the procedure's (a minute of training on 2 cores saved at every first
+    set-up): used while the setup, procedure, data and fit.py it was built from are this checkout's;
+    any of them changed, the procedure runs again."""
+    from openrebench.lm import load_manifest
+
+    data = _assets.data_for(SPEC, sl_home)
+    monkeypatch.setattr(_assets, "run_experiment", _no_experiments)
+    try:
+        path = _assets.reference_answer(SPEC, SETUP, data, tmp_path / "a", shipped=SHIPPED_ANSWER)
+    except _Ran:
+        pytest.fail("the shipped reference answer no longer matches its build key: "
+                    "`openrebench build scaling_law --tier mini --ship` makes it again")
+    shipped = json.loads(SHIPPED_ANSWER.read_text())
+    assert json.loads(path.read_text()) == shipped["answer"]
+    assert json.loads((path.parent / "fit.json").read_text()) == shipped["fit"]
+    manifest = load_manifest(path.parent)
+    assert manifest is not None and manifest.stats["shipped"] is True
+
+    stale = tmp_path / "answer--mini.json"
+    shipped["key"]["params"]["fit_sha256"] = "0" * 64  # made by another fit.py
+    stale.write_text(json.dumps(shipped))
+    for other in (stale, tmp_path / "missing.json", None):
+        with pytest.raises(_Ran):
+            _assets.reference_answer(SPEC, SETUP, data, tmp_path / "b", shipped=other)

@@ -20,7 +20,6 @@ from openrebench.environments.scaling_law import _assets, _shipped
 from openrebench.environments.scaling_law._ground_truth import GroundTruth, ground_truth_path
 from openrebench.runs import CalibrationRecord, calibrate, find_record, get_environment
 
-REFERENCE_ANSWER = Path(__file__).parents[1] / "data" / "scaling_law" / "reference_answer_mini.json"
 UNWRITABLE = Path("/proc/self/openrebench-environment")  # not even root can make a folder here
 
 
@@ -111,32 +110,59 @@ def test_build_refuses_bad_input_in_one_line(tmp_path: Path, args: tuple[str, ..
 
 
 @pytest.fixture
-def stored_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GroundTruth:
+def swept() -> list[str]:
+    """The commands of the sweeps `stored_sweep` ran."""
+    return []
+
+
+@pytest.fixture
+def stored_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swept: list[str]) -> GroundTruth:
     """scaling_law's build with the sweep replaced by the stored mini ground truth (as a sweep whose
-    every point came from the cache returns it, with a new date and command) and the reference
-    procedure by the answer it reached."""
+    every point came from the cache returns it, with a new date and command; `swept` counts its calls)
+    and the reference procedure by the answer it reached (as shipped)."""
+    from openrebench.lm import cached_build
+
     env = get_environment("scaling_law")
     stored = GroundTruth.model_validate_json(ground_truth_path(env.root, "mini").read_text())
-    answer = tmp_path / "reference-answer" / "answer.json"
-    answer.parent.mkdir()
-    shutil.copyfile(REFERENCE_ANSWER, answer)
+    shipped = json.loads(_assets.shipped_answer_path(env.root, "mini").read_text())
+    folder = tmp_path / "reference-answer"
 
     def sweep(spec: Any, setup: Any, data: Any, cache: Any, *, command: str, **kwargs: Any) -> GroundTruth:
         assert kwargs["widths"] == spec.params.sweep.widths and kwargs["seeds"] == [0, 1]
+        swept.append(command)
         return stored.model_copy(update={"command": command, "seconds": 1.0})
 
+    def reference_answer(spec: Any, setup: Any, data: Any, cache: Any) -> Path:
+        def build(partial: Path, deadline: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+            (partial / "answer.json").write_text(json.dumps(shipped["answer"]))
+            (partial / "fit.json").write_text(json.dumps(shipped["fit"]))
+            return {}, {"device": "cpu"}
+
+        cached_build(folder, what="answer:test", builder_version="1", seed=0, params={}, build=build)
+        return folder / "answer.json"
+
+    files = {name: SimpleNamespace(sha256=getattr(stored.data, f"{name[:-4]}_sha256"))
+             for name in ("train.bin", "heldout.bin")}
+    data = SimpleNamespace(kind=stored.data.corpus, manifest=SimpleNamespace(files=files))
     monkeypatch.setattr(_shipped, "sweep", sweep)
-    monkeypatch.setattr(_assets, "data_for", lambda spec, cache: SimpleNamespace(kind="mini"))
-    monkeypatch.setattr(_assets, "reference_answer", lambda spec, setup, data, cache: answer)
+    monkeypatch.setattr(_assets, "data_for", lambda spec, cache: data)
+    monkeypatch.setattr(_assets, "reference_answer", reference_answer)
     return stored
 
 
-def test_build_writes_scaling_law_s_ground_truth_and_checks_it(tmp_path: Path,
-                                                               stored_sweep: GroundTruth) -> None:
+def test_build_writes_scaling_law_s_ground_truth_and_checks_it(tmp_path: Path, stored_sweep: GroundTruth,
+                                                               swept: list[str]) -> None:
     code, out = invoke("build", "scaling_law", "--tier", "mini", "--out", str(tmp_path / "out"))
     assert code == 0, out
+    assert swept == [f"openrebench build scaling_law --tier mini --out {tmp_path / 'out'}"]
     written = ground_truth_path(tmp_path / "out", "mini")
     assert f"written: {written}" in out and "to ship them" in out
+    answer = _assets.shipped_answer_path(tmp_path / "out", "mini")
+    assert f"written: {answer}" in out
+    stored = json.loads(answer.read_text())  # with the key of the build it came from
+    assert stored["key"]["what"] == "answer:test" and stored["device"] == "cpu"
+    assert stored["answer"] == json.loads(
+        _assets.shipped_answer_path(get_environment("scaling_law").root, "mini").read_text())["answer"]
     truth = GroundTruth.model_validate_json(written.read_text())
     assert truth.points == stored_sweep.points
     assert truth.command == f"openrebench build scaling_law --tier mini --out {tmp_path / 'out'}"
@@ -145,16 +171,27 @@ def test_build_writes_scaling_law_s_ground_truth_and_checks_it(tmp_path: Path,
         assert f"raw {constants['mini'][which]:.4f}" in out
 
 
-def test_build_ship_keeps_the_stored_file_when_the_sweep_is_the_same(
-        tmp_path: Path, stored_sweep: GroundTruth, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_build_ship_keeps_a_whole_stored_sweep_and_runs_the_reference_procedure_itself(
+        tmp_path: Path, stored_sweep: GroundTruth, swept: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored sweep of every width and seed on this data is kept (the record of the run that made it),
+    not swept again; the reference answer is made by the procedure, not copied from the shipped one."""
+    from openrebench.lm import cached_build
+
+    env = get_environment("scaling_law")
+    copied = _assets.reference_answer_path(env.tier("mini"), None).parent  # set-up's copy of the shipped
+    cached_build(copied, what="answer:copy", builder_version="1", seed=0, params={},
+                 build=lambda partial, deadline: ({}, {"shipped": True}))
     shipped = tmp_path / "scaling_law"
-    shutil.copytree(get_environment("scaling_law").root, shipped,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(env.root, shipped, ignore=shutil.ignore_patterns("__pycache__"))
     before = ground_truth_path(shipped, "mini").read_bytes()
     _move_root(monkeypatch, "scaling_law", shipped)
     code, out = invoke("build", "scaling_law", "--tier", "mini", "--ship")
     assert code == 0, out
-    assert ground_truth_path(shipped, "mini").read_bytes() == before  # the record of the run that made it
+    assert swept == [] and "kept, not swept again" in out
+    assert ground_truth_path(shipped, "mini").read_bytes() == before
+    assert not copied.exists()
+    answer = json.loads(_assets.shipped_answer_path(shipped, "mini").read_text())
+    assert answer["key"]["what"] == "answer:test"
     assert "to ship them" not in out
 
 

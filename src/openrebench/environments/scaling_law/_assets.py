@@ -1,6 +1,7 @@
 """Assets of scaling_law: the data in the tier's vocabulary, the stored ground truth (checked against
 that data and the tier's setup) and the reference answer, which the reference procedure reaches by
-running its own small experiments once per machine (cached under `<cache>/lm/`)."""
+running its own small experiments (cached under `<cache>/lm/`), or which ships with the tier
+(`reference/answer--<tier>.json`, from `openrebench build scaling_law --ship`) for builds of its key."""
 
 from __future__ import annotations
 
@@ -81,15 +82,36 @@ def reference_answer_path(spec: TierSpec[ScalingLawParams], cache_dir: Path | No
     return assets_root(cache_dir) / f"scaling-{spec.name}-reference" / "answer.json"
 
 
+def shipped_answer_path(root: Path, tier: str) -> Path:
+    """The reference answer `openrebench build scaling_law --ship` stores beside the ground truth (in
+    `reference/`, hidden from every sandbox as the ground truth is), with the key of the build it came
+    from."""
+    return root / "reference" / f"answer--{tier}.json"
+
+
 def reference_answer(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpus,
-                     cache_dir: Path | None) -> Path:
-    """Run the reference procedure (its own grid of experiments under the cap, a fitted scaling law)
-    once, and keep its answer and the evidence behind it."""
+                     cache_dir: Path | None, *, shipped: Path | None = None) -> Path:
+    """The reference procedure's answer (its own grid of experiments under the cap, a fitted scaling
+    law) and the evidence behind it, cached. Taken from `shipped` where that file was made by a build
+    of the same key (the same setup, procedure, data and fit.py: the procedure runs on one CPU thread,
+    so it would reach the same answer here), else run once (a minute on 2 cores for the mini tier)."""
     p = spec.params.reference
     folder = reference_answer_path(spec, cache_dir).parent
     fit_py = HERE / "reference" / "fit.py"
+    what = f"answer:scaling_law-{spec.name}-reference"
+    params = {"setup": setup.model_dump(), "reference": p.model_dump(),
+              "data": DataKey.of(data, setup.vocab_size).model_dump(),
+              "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()}
+    key = json.loads(json.dumps({"what": what, "builder_version": BUILDER_VERSION, "seed": p.seed,
+                                 "params": params}))
+    stored = _shipped_answer(shipped, key)
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
+        if stored is not None:
+            (partial / "answer.json").write_text(json.dumps(stored["answer"], indent=2) + "\n")
+            (partial / "fit.json").write_text(json.dumps(stored["fit"], indent=2) + "\n")
+            return {"data": str(data.path), "shipped": shipped.name if shipped else None}, {
+                "answer": stored["answer"], "device": stored["device"], "shipped": True}
         device = device_for(spec)
         fit = _load_fit()
         runs = len(fit.design(setup, p.budget_fractions, p.widths, p.min_iters))
@@ -114,12 +136,22 @@ def reference_answer(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpu
         (partial / "fit.json").write_text(json.dumps(report, indent=2) + "\n")
         return {"data": str(data.path)}, {"answer": report["answer"], "device": device}
 
-    cached_build(folder, what=f"answer:scaling_law-{spec.name}-reference", builder_version=BUILDER_VERSION,
-                 seed=p.seed, params={"setup": setup.model_dump(), "reference": p.model_dump(),
-                                         "data": DataKey.of(data, setup.vocab_size).model_dump(),
-                                         "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()},
-                 build=build, label=f"scaling_law {spec.name}: the reference answer")
+    cached_build(folder, what=what, builder_version=BUILDER_VERSION, seed=p.seed, params=params, build=build,
+                 label=f"scaling_law {spec.name}: the reference answer"
+                       + (" (shipped)" if stored is not None else ""))
     return reference_answer_path(spec, cache_dir)
+
+
+def _shipped_answer(path: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The shipped answer where it exists, reads and was built under `key`; else None (built here)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    fields = {"key", "answer", "fit", "device"}
+    return stored if isinstance(stored, dict) and fields <= set(stored) and stored["key"] == key else None
 
 
 def build(env: Environment, spec: TierSpec[ScalingLawParams], cache_dir: Path | None, *,
@@ -132,5 +164,6 @@ def build(env: Environment, spec: TierSpec[ScalingLawParams], cache_dir: Path | 
     ground_truth_file(env, spec)  # before building any data
     data = data_for(spec, cache)
     _, truth = load_ground_truth(env, spec, setup, data)
-    answer = reference_answer(spec, setup, data, cache) if reference else None
+    answer = (reference_answer(spec, setup, data, cache, shipped=shipped_answer_path(env.root, spec.name))
+              if reference else None)
     return Assets(data=data, setup=setup, ground_truth=truth, reference_answer=answer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from openrebench.lm import load_manifest
 from openrebench.runs import detect_hardware
 
 from . import _assets
-from ._ground_truth import GroundTruth, ground_truth_path, sweep
+from ._ground_truth import DataKey, GroundTruth, ground_truth_path, sweep
 from .env import ANSWER, starting_answer
 from .scorer import read_answer, score_answer
 
@@ -56,6 +57,20 @@ def keep_or_replace(new: GroundTruth, path: Path) -> GroundTruth:
     return new
 
 
+def _complete(path: Path, setup: Any, data: DataKey, widths: list[int],
+              seeds: list[int]) -> GroundTruth | None:
+    """The stored ground truth where it is a whole sweep of this setup, data, widths and seeds."""
+    if not path.is_file():
+        return None
+    try:
+        stored = GroundTruth.model_validate_json(path.read_text())
+    except ValueError:
+        return None
+    done = {(r.n_embd, r.seed) for r in stored.points}
+    whole = all((w, s) in done for w in widths for s in seeds)
+    return stored if stored.setup == setup and stored.data == data and whole else None
+
+
 def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, command: str) -> ShippedData:
     setup = spec.params.setup
     device = _assets.device_for(spec)
@@ -64,18 +79,22 @@ def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, 
     widths, seeds = spec.params.sweep.widths, spec.params.sweep.seeds
     started = time.monotonic()
     data = _assets.data_for(spec, cache)
-    with _one_cpu_thread(device):
-        truth = sweep(spec, setup, data, cache, widths=widths, seeds=seeds, device=device, command=command)
-    sweep_s = time.monotonic() - started
     path = ground_truth_path(out_dir, spec.name)
-    truth = keep_or_replace(truth, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(truth.model_dump_json(indent=2) + "\n")
-    partial.replace(path)  # whole or not at all: an interrupted write leaves the shipped file as it was
+    kept = _complete(path, setup, DataKey.of(data, setup.vocab_size), widths, seeds)
+    if kept is not None:  # the sweep is done: only the reference answer is (re)made below
+        truth = kept
+    else:
+        with _one_cpu_thread(device):
+            truth = sweep(spec, setup, data, cache, widths=widths, seeds=seeds, device=device,
+                          command=command)
+        truth = keep_or_replace(truth, path)
+        _write_whole(path, truth.model_dump_json(indent=2) + "\n")
+    sweep_s = time.monotonic() - started
 
     n_opt, l_opt = truth.optimum()
-    lines = [f"scaling_law {spec.name}: {len(truth.points)} points at {setup.target_flops:.3g} FLOPs on "
+    lines = [f"scaling_law {spec.name}: the stored ground truth ({path.name}) covers every width and seed of "
+             "the tier on this data: kept, not swept again (delete it to sweep again)"] if kept else []
+    lines += [f"scaling_law {spec.name}: {len(truth.points)} points at {setup.target_flops:.3g} FLOPs on "
              f"{truth.device} ({data.kind} data); {truth.seconds:.0f} s of training and evaluation "
              f"({sweep_s:.0f} s in this call); optimum n_embd={n_opt} (held-out loss {l_opt:.4f})"]
     lines += [f"  n_embd={w:<4} max_iters={setup.max_iters_for(w, setup.target_flops):<6} "
@@ -85,9 +104,19 @@ def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, 
                      "of widths so that the optimum lies inside it")
 
     ref_started = time.monotonic()
+    cached = _assets.reference_answer_path(spec, cache).parent
+    if (old := load_manifest(cached)) is not None and old.stats.get("shipped"):
+        shutil.rmtree(cached)  # a copy of the shipped answer: this command runs the procedure itself
     answer_path = _assets.reference_answer(spec, setup, data, cache)
     reference_s = time.monotonic() - ref_started
     manifest = load_manifest(answer_path.parent)
+    assert manifest is not None
+    shipped_answer = _assets.shipped_answer_path(out_dir, spec.name)
+    _write_whole(shipped_answer, json.dumps({
+        "key": manifest.key(), "answer": json.loads(answer_path.read_text()),
+        "fit": json.loads((answer_path.parent / "fit.json").read_text()), "device": manifest.stats["device"],
+        "command": command, "hardware": detect_hardware().model_dump(),
+        "build_seconds": manifest.build_seconds}, indent=2) + "\n")
     scores: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="scaling-law-start-") as tmp:
         (Path(tmp) / ANSWER).write_text(json.dumps(starting_answer(spec.params), indent=2) + "\n")
@@ -99,7 +128,7 @@ def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, 
             scores[which] = {"raw": raw, "answer": answer.model_dump(), **parts}
             lines.append(f"{which} answer {answer.model_dump()}: raw {raw:.4f} (L_interp "
                          f"{parts['l_interp']:.4f}, prediction error {parts['prediction_error']:.4f})")
-    reference_build_s = manifest.build_seconds if manifest else reference_s
+    reference_build_s = manifest.build_seconds
     lines.append(f"reference procedure: {reference_build_s:.0f} s ({reference_s:.0f} s in this call); the "
                  f"raw scores above are exact for this ground truth (`openrebench calibrate scaling_law "
                  f"--tier {spec.name} --repeats 1 --ship` records them)")
@@ -107,4 +136,12 @@ def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, 
                "sweep_seconds_this_call": sweep_s, "reference_seconds": reference_build_s,
                "reference_seconds_this_call": reference_s, "curve": truth.curve(), "optimum": [n_opt, l_opt],
                "scores": scores}
-    return ShippedData(files=[path], lines=lines, summary=summary)
+    return ShippedData(files=[path, shipped_answer], lines=lines, summary=summary)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Whole or not at all: an interrupted write leaves the shipped file as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
