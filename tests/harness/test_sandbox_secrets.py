@@ -1,7 +1,7 @@
 """Nothing secret is readable in the agent's sandbox: every file it can read under the Python
 environment (the venv, where the package's metadata lives) and the package is searched for the
-reference solutions' descriptions and code, held-out problem generators, ground truths and calibration
-results."""
+reference solutions' descriptions and code, held-out problem generators, ground truths, the experiments
+behind shipped reference answers and calibration results."""
 
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def _markers() -> dict[str, list[str]]:
                       and x not in elsewhere]
         for truth in (env / "reference").glob("ground_truth--*.json"):
             numbers += [repr(p["loss"]) for p in json.loads(truth.read_text())["points"]]
+        for answer in (env / "reference").glob("answer--*.json"):  # the reference's experiments
+            numbers += [repr(g["loss"]) for g in json.loads(answer.read_text())["fit"]["grid"]]
         for record in (env / "calibration").glob("*.json"):
             data = json.loads(record.read_text())
             numbers += [repr(v) for which in ("start", "reference") for v in data[which]["values"]]
