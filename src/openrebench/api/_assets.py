@@ -157,6 +157,13 @@ def _locked(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def asset_key(*, what: str, builder_version: str, seed: int | None, params: dict[str, Any]) -> dict[str, Any]:
+    """What a built asset's manifest must hold for `cached_build` to reuse it (`Manifest.key()`), in the
+    form it takes in JSON (tuples become lists): data made elsewhere for the same key can stand in."""
+    return json.loads(json.dumps({"what": what, "builder_version": builder_version, "seed": seed,
+                                  "params": params}))
+
+
 BuildFn = Callable[[Path, Deadline], tuple[dict[str, Any], dict[str, Any]]]
 
 
@@ -171,8 +178,7 @@ def cached_build(folder: Path, *, what: str, builder_version: str, seed: int | N
     """
     from openrebench import __version__
 
-    key = {"what": what, "builder_version": builder_version, "seed": seed, "params": params}
-    key = json.loads(json.dumps(key))  # the form it takes in JSON (tuples become lists)
+    key = asset_key(what=what, builder_version=builder_version, seed=seed, params=params)
     with _locked(folder):
         manifest = load_manifest(folder)
         if manifest is not None and manifest.key() == key:

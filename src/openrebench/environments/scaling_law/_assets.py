@@ -16,7 +16,15 @@ from typing import Any
 import torch
 
 from openrebench.api import Environment, OpenRebenchError, TierSpec, stage
-from openrebench.lm import Corpus, Deadline, assets_root, build_corpus, cached_build, compact_corpus
+from openrebench.lm import (
+    Corpus,
+    Deadline,
+    asset_key,
+    assets_root,
+    build_corpus,
+    cached_build,
+    compact_corpus,
+)
 
 from ._ground_truth import DataKey, GroundTruth, ground_truth_path
 from .experiment import run_experiment
@@ -102,16 +110,15 @@ def reference_answer(spec: TierSpec[ScalingLawParams], setup: Setup, data: Corpu
     params = {"setup": setup.model_dump(), "reference": p.model_dump(),
               "data": DataKey.of(data, setup.vocab_size).model_dump(),
               "fit_sha256": hashlib.sha256(fit_py.read_bytes()).hexdigest()}
-    key = json.loads(json.dumps({"what": what, "builder_version": BUILDER_VERSION, "seed": p.seed,
-                                 "params": params}))
-    stored = _shipped_answer(shipped, key)
+    stored = _shipped_answer(shipped, asset_key(what=what, builder_version=BUILDER_VERSION, seed=p.seed,
+                                                params=params))
 
     def build(partial: Path, deadline: Deadline) -> tuple[dict[str, Any], dict[str, Any]]:
         if stored is not None:
             (partial / "answer.json").write_text(json.dumps(stored["answer"], indent=2) + "\n")
             (partial / "fit.json").write_text(json.dumps(stored["fit"], indent=2) + "\n")
-            return {"data": str(data.path), "shipped": shipped.name if shipped else None}, {
-                "answer": stored["answer"], "device": stored["device"], "shipped": True}
+            return {"data": str(data.path)}, {"answer": stored["answer"], "device": stored["device"],
+                                              "shipped": True}
         device = device_for(spec)
         fit = _load_fit()
         runs = len(fit.design(setup, p.budget_fractions, p.widths, p.min_iters))

@@ -44,30 +44,17 @@ def _one_cpu_thread(device: str) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def keep_or_replace(new: GroundTruth, path: Path) -> GroundTruth:
-    """The ground truth to write: the stored one when the sweep is the same (every point came from the
-    cache), so that it keeps the record of the run that made it; else the new one."""
-    if path.is_file():
-        try:
-            stored = GroundTruth.model_validate_json(path.read_text())
-        except ValueError:
-            return new
-        if (stored.setup, stored.data, stored.points) == (new.setup, new.data, new.points):
-            return stored
-    return new
-
-
 def _complete(path: Path, setup: Any, data: DataKey, widths: list[int],
               seeds: list[int]) -> GroundTruth | None:
-    """The stored ground truth where it is a whole sweep of this setup, data, widths and seeds."""
+    """The stored ground truth where it is the whole sweep of this setup, data, widths and seeds (it keeps
+    the record of the run that made it)."""
     if not path.is_file():
         return None
     try:
         stored = GroundTruth.model_validate_json(path.read_text())
     except ValueError:
         return None
-    done = {(r.n_embd, r.seed) for r in stored.points}
-    whole = all((w, s) in done for w in widths for s in seeds)
+    whole = {(r.n_embd, r.seed) for r in stored.points} == {(w, s) for w in widths for s in seeds}
     return stored if stored.setup == setup and stored.data == data and whole else None
 
 
@@ -87,7 +74,6 @@ def build_shipped(env: Environment, spec: TierSpec, out_dir: Path, cache: Path, 
         with _one_cpu_thread(device):
             truth = sweep(spec, setup, data, cache, widths=widths, seeds=seeds, device=device,
                           command=command)
-        truth = keep_or_replace(truth, path)
         _write_whole(path, truth.model_dump_json(indent=2) + "\n")
     sweep_s = time.monotonic() - started
 
