@@ -111,18 +111,11 @@ def main() -> None:
 
 def _precision(env: object, rows: dict[str, list[dict[str, object]]], args: argparse.Namespace) -> dict:
     """The record the start's and reference's scorings make, and the reference's normalised spread."""
-    from openrebench.runs._calibration import calibrate
+    from openrebench.runs._calibration import record_of_scorings
 
     raws = {which: [float(r["raw"]) for r in rows[which] if r["raw"] is not None]  # type: ignore[arg-type]
             for which in ("start", "reference")}
-    queues = {which: iter(rows[which]) for which in raws}
-
-    def score_once(which: str) -> tuple[float | None, str]:
-        r = next(queues[which])
-        return r["raw"], str(r["message"])  # type: ignore[return-value]
-
-    record = calibrate(env, "full", args.repeats, score_once=score_once,  # type: ignore[arg-type]
-                       command=" ".join(["python", *sys.argv]))
+    record = record_of_scorings(env, "full", rows, command=" ".join(["python", *sys.argv]))  # type: ignore[arg-type]
     if args.record is not None:
         args.record.write_text(record.model_dump_json(indent=2) + "\n")
     start, ref = record.start.median, record.reference.median

@@ -45,18 +45,12 @@ def one_scoring(run: Run, models: RunModels) -> dict[str, Any]:
 
 
 def write_record(env: Any, tier: str, scorings: dict[str, list[dict[str, Any]]], models: dict[str, str],
-                 repeats: int, path: Path) -> None:
+                 path: Path) -> None:
     """The calibration record these scorings make, as `openrebench calibrate` writes it."""
-    from openrebench.runs._calibration import calibrate
+    from openrebench.runs._calibration import record_of_scorings
 
-    queues = {which: iter(rows) for which, rows in scorings.items()}
-
-    def score_once(which: str) -> tuple[float | None, str]:
-        row = next(queues[which])
-        return row["raw"], str(row["message"])
-
-    record = calibrate(env, tier, repeats, score_once=score_once, models=models,
-                       command=shlex.join([Path(sys.executable).name, *sys.argv]))
+    record = record_of_scorings(env, tier, scorings, models=models,
+                                command=shlex.join([Path(sys.executable).name, *sys.argv]))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(record.model_dump_json(indent=2) + "\n")
 
@@ -116,7 +110,7 @@ def main() -> None:
                       f"{s['cost_usd']['median']:.4f}")
     console.print(table)
     if args.record is not None:
-        write_record(env, args.tier, scorings, overrides, args.repeats, args.record)
+        write_record(env, args.tier, scorings, overrides, args.record)
         console.print(f"record written to {args.record}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

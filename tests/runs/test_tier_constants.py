@@ -159,3 +159,22 @@ def test_calibration_scores_the_probes_beside_start_and_reference() -> None:
     assert record.probes["fixed"].values == [0.2] * 3 and "broken" not in record.probes
     assert record.invalid == {"probe:broken": 3}
     assert (record.start.median, record.reference.median) == (0.4, 0.7)
+
+
+def test_a_record_made_from_scorings_run_elsewhere_is_the_one_calibrate_makes() -> None:
+    """A benchmark's scoring rows replayed into a record (benchmarks/rust_codecontests.py --record,
+    benchmarks/optimize_kernel_gpu_checks.py): values in order, invalid rows counted, not valued."""
+    from openrebench.runs._calibration import record_of_scorings
+
+    env = get_environment("rust_codecontests")
+    rows = {"start": [{"raw": 0.0, "message": "Valid."}, {"raw": None, "message": "Invalid: x."},
+                      {"raw": 0.04, "message": "Valid."}],
+            "reference": [{"raw": 0.25, "message": "Valid."}, {"raw": 0.2, "message": "Valid."},
+                          {"raw": 0.21, "message": "Valid."}],
+            "other": [{"raw": 9.0, "message": "Valid."}]}
+    record = record_of_scorings(env, "mini", rows, command="bench", models={"task_model": "local"})
+    assert record.start.values == [0.0, 0.04] and record.reference.values == [0.25, 0.2, 0.21]
+    assert record.invalid == {"start": 1} and record.command == "bench"
+    assert record.models == {"task_model": "local"}
+    with pytest.raises(ValueError, match="3 start scorings but 2 of the reference"):
+        record_of_scorings(env, "mini", {**rows, "reference": rows["reference"][:2]}, command="bench")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from openrebench.api import CalibrationRecord, Environment, NormConstants, Stats
 from openrebench.base import OpenRebenchError, cache_dir
@@ -204,6 +205,22 @@ def calibrate(env: Environment, tier: str, repeats: int, *,
         measured_at=datetime.now(UTC), command=command,
         package_version=__version__,
     )
+
+
+def record_of_scorings(env: Environment, tier: str, rows: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                       command: str, models: Mapping[str, str] | None = None) -> CalibrationRecord:
+    """The record that scorings made elsewhere (a benchmark's rows, each with `raw` and `message`, under
+    "start" and "reference") make, as `calibrate` would have made it from them."""
+    repeats = len(rows["start"])
+    if len(rows["reference"]) != repeats:
+        raise ValueError(f"{repeats} start scorings but {len(rows['reference'])} of the reference")
+    queues = {which: iter(rows[which]) for which in ("start", "reference")}
+
+    def score_once(which: str) -> tuple[float | None, str]:
+        row = next(queues[which])
+        return row["raw"], str(row["message"])
+
+    return calibrate(env, tier, repeats, score_once=score_once, command=command, models=models)
 
 
 def save_record(record: CalibrationRecord, folder: Path, name: str | None = None) -> Path:
