@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from machine_cache import MACHINE_CACHE, machine_folder
 from openrebench.runs import Run, start_run
 
 # Tests live in one folder per layer; a few test modules are imported by others for their fakes and
@@ -36,13 +37,10 @@ def shared_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     written. Tests of the assembly itself use caches of their own."""
     from openrebench.gateway._local_file import models_dir
 
-    try:
-        folder = models_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        if os.access(folder, os.W_OK | os.X_OK):
-            return folder
-    except OSError:
-        pass
+    folder = machine_folder(models_dir(MACHINE_CACHE) if not os.environ.get("OPENREBENCH_MODELS")
+                            else Path(os.environ["OPENREBENCH_MODELS"]))
+    if folder is not None:
+        return folder
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "models"
     folder.mkdir(exist_ok=True)

