@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernel_support import kernel_score
+from openrebench.environments.optimize_kernel.env import OptimizeKernel
 from openrebench.runs import Run, score_run
 
 CORRECT = textwrap.dedent("""
@@ -40,7 +41,7 @@ HOSTILE: dict[str, tuple[str, str]] = {
         "HostChannel.send = lambda self, m: _send(self, {**m, 'addr': 4096} if 'addr' in m else m)\n"
         + CORRECT, "could not be read after the call"),
     "fills memory": ("import numpy as np\nhog = np.ones(8 * 1024**3, dtype=np.uint8)\n",
-                     "used more than 6 GB of memory"),
+                     "used more than 1 GB of memory"),
     "hangs": ("def prefix_sum(x):\n    while True:\n        pass\n",
               "took longer than the 20 s scoring limit"),
 }
@@ -53,8 +54,12 @@ THROUGH_THE_HARNESS = ("fills memory", "hangs")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", THROUGH_THE_HARNESS)
-def test_hostile_solution_gets_invalid_row(kernel_run: Run, name: str) -> None:
+def test_hostile_solution_gets_invalid_row(kernel_run: Run, name: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     code, expected = HOSTILE[name]
+    # The harness's memory watch at 1 GB instead of the tier's 6: the same watch, without writing 6 GB.
+    spec = OptimizeKernel.tiers["mini"]
+    monkeypatch.setitem(OptimizeKernel.tiers, "mini", spec.model_copy(update={"memory_limit_gb": 1}))
     (kernel_run.workspace / "solution.py").write_text(code)
     row = score_run(kernel_run, timeout_s=20 if name == "hangs" else 120)
     assert row.raw is None and row.normalised is None
