@@ -57,6 +57,28 @@ def test_batched_and_shared_rows_give_what_each_text_alone_gives(tiny_model: Pat
     assert together[0]["token_logprobs"] == together[3]["token_logprobs"]  # the same text twice
 
 
+def test_the_model_is_loaded_whole_from_its_file(tiny_model: Path) -> None:
+    """Built without random initialisation, every weight and buffer is what a fully initialised model
+    given the same file holds, tied weights still tied, and it computes the same numbers."""
+    import torch
+    from safetensors.torch import load_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    likelihood = Likelihood(tiny_model)
+    likelihood.echo(["x"])
+    fast = likelihood._model
+    torch.manual_seed(1)  # another draw of the initial weights: the file must replace all of them
+    full = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model), dtype=torch.float32)
+    load_model(full, str(tiny_model / "model.safetensors"))
+    ours, theirs = fast.state_dict(), full.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert fast.lm_head.weight.data_ptr() == fast.model.embed_tokens.weight.data_ptr()
+    x = torch.tensor([[50256, 10, 200, 3000]])
+    with torch.no_grad():
+        assert torch.equal(fast(x).logits, full.eval()(x).logits)
+
+
 def test_an_overlong_or_empty_prompt_is_refused_whole(tiny_model: Path) -> None:
     likelihood = Likelihood(tiny_model)
     with pytest.raises(ValueError, match="empty prompt"):
