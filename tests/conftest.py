@@ -20,11 +20,14 @@ for _layer in ("gateway", "environments"):
 
 pytest_plugins = ["attempt_support"]  # `attempts`: sandboxes of the example environment, closed at the end
 
-if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel workers share the cores: one math thread each for what a test computes in-process (asset
-    # builds), or torch's one thread per core in each worker would oversubscribe them. Scorer processes
-    # keep their default: scores are compared with constants measured that way.
-    sys.modules["torch"].set_num_threads(1)
+    # builds, training, the judge's tests), or torch's one thread per core in each worker would
+    # oversubscribe them. Imported here, since nothing imported so far imports it. Scorer processes keep
+    # their default: scores are compared with constants measured that way.
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
