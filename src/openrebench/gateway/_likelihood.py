@@ -107,7 +107,10 @@ class Likelihood:
         import torch
         from safetensors.torch import load_model
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-        from transformers.initialization import no_init_weights
+        try:
+            from transformers.initialization import no_init_weights
+        except ImportError:  # a transformers without it: the weights are drawn, then replaced all the same
+            no_init_weights = contextlib.nullcontext
 
         folder = self._folder or hf_model_dir()
         config = AutoConfig.from_pretrained(folder)
