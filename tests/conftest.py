@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_cache import MACHINE_CACHE, machine_folder
+from machine_cache import MACHINE_CACHE, kept_folder
 from openrebench.runs import Run, start_run
 
 # Tests live in one folder per layer; a few test modules are imported by others for their fakes and
@@ -40,14 +40,7 @@ def shared_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     written. Tests of the assembly itself use caches of their own."""
     from openrebench.gateway._local_file import models_dir
 
-    folder = machine_folder(models_dir(MACHINE_CACHE) if not os.environ.get("OPENREBENCH_MODELS")
-                            else Path(os.environ["OPENREBENCH_MODELS"]))
-    if folder is not None:
-        return folder
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "models"
-    folder.mkdir(exist_ok=True)
-    return folder
+    return kept_folder(os.environ.get("OPENREBENCH_MODELS") or models_dir(MACHINE_CACHE), tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_cache import machine_folder
+from machine_cache import kept_folder, machine_folder
 from openrebench.lm import Corpus, build_corpus, gpt2_tokenizer_dir
 
 
@@ -38,11 +38,7 @@ def lm_home(lm_sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     and the others wait, then reuse it. Every fixture builds the same parameters of an asset into it
     (restricted_mlm's models always shortened, the others as shipped), so no two builds replace each
     other's; a test that changes or damages an asset copies it into a folder of its own first."""
-    home = machine_folder("test-assets")
-    if home is None:
-        base = tmp_path_factory.getbasetemp()
-        home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lm-home"
-        home.mkdir(exist_ok=True)
+    home = kept_folder("test-assets", tmp_path_factory)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENREBENCH_SOURCES", str(lm_sources))
         gpt2_tokenizer_dir(home)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 # Read when the suite's conftest imports this module, before any fixture sets OPENREBENCH_HOME.
 _NAMED = os.environ.get("OPENREBENCH_HOME")
 MACHINE_CACHE = Path(_NAMED).expanduser().resolve() if _NAMED else Path.home() / ".cache" / "openrebench"
@@ -25,3 +27,14 @@ def machine_folder(path: Path | str) -> Path | None:
     except OSError:
         return None
     return folder if os.access(folder, os.W_OK | os.X_OK) else None
+
+
+def kept_folder(path: Path | str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`machine_folder(path)`, or where the machine's cache cannot be written, a folder of the session
+    named as `path`'s last part, one for all xdist workers."""
+    folder = machine_folder(path)
+    if folder is None:
+        base = tmp_path_factory.getbasetemp()
+        folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / Path(path).name
+        folder.mkdir(exist_ok=True)
+    return folder
