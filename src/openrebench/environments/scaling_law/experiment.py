@@ -15,10 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from pydantic import BaseModel, Field
-
-from openrebench.lm import GPT, evaluate, train
 
 from .params import Setup
 
@@ -56,6 +53,10 @@ def run_experiment(setup: Setup, n_embd: int, max_iters: int, train_data: TokenD
         most = math.floor(setup.cap_flops / (setup.flops_per_token(n_embd) * setup.tokens_per_iter))
         raise OverCap(f"n_embd={n_embd}, max_iters={max_iters} needs {flops:.3g} FLOPs, over the cap of "
                       f"{setup.cap_flops:.3g} per experiment (at most max_iters={most} at this width)")
+    import torch  # here, not at the top: the scorer reads `Result` and trains nothing (2 s less a scoring)
+
+    from openrebench.lm import GPT, evaluate, train
+
     started = time.monotonic()
     torch.manual_seed(seed)
     model = GPT(setup.gpt_config(n_embd))
