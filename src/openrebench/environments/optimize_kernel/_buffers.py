@@ -6,7 +6,8 @@ torch's caching allocator, so no private tensor of the scorer ever shares it) le
 other direction the host lends the allocation holding its result, which the scorer maps and compares in
 place, so no copy is counted that a rewritten host could skip. CUDA IPC does not cross uids: on a GPU the
 scorer runs as the solution's uid (see _start.py). Both sides see the same bytes; only the scorer decides
-what is written when. The driver API is used through ctypes (libcuda is wherever a CUDA GPU is).
+what is written when. The driver API is used through ctypes (libcuda is wherever a CUDA GPU is). torch is
+imported only where a tensor is made: the CPU scorer maps its buffer with NumPy and never imports it.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ import contextlib
 import ctypes
 import functools
 import mmap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CpuInput:
     """The scorer's view of the input buffer, an int32 memfd of n elements (`_start.input_memfd`, sealed)
-    that the host inherited: `tensor` maps it. The fd stays the caller's."""
+    that the host inherited: `array` maps it (NumPy, so that the scorer needs no torch). The fd stays the
+    caller's."""
 
     def __init__(self, fd: int, n: int) -> None:
         self.fd = fd
         self._map = mmap.mmap(fd, max(4 * n, 4))
-        self.tensor = torch.frombuffer(self._map, dtype=torch.int32, count=n)
+        self.array = np.frombuffer(self._map, dtype=np.int32, count=n)
 
     @staticmethod
     def open(fd: int, n: int) -> torch.Tensor:
@@ -37,11 +42,13 @@ class CpuInput:
         hands the input to a worker through torch.multiprocessing shares these very pages. A tensor over
         a plain mapping would instead be moved into new shared memory at its first sending, leaving the
         host to read a stale copy from then on."""
+        import torch
+
         storage = torch.UntypedStorage._new_shared_fd_cpu(fd, max(4 * n, 4))
         return torch.empty(0, dtype=torch.int32).set_(storage, 0, (n,), (1,))
 
     def close(self) -> None:
-        del self.tensor
+        del self.array
         with contextlib.suppress(BufferError):
             self._map.close()
 
@@ -77,6 +84,8 @@ class _CudaArray:
 
 
 def _view(ptr: int, n: int, device: torch.device) -> torch.Tensor:
+    import torch
+
     return torch.as_tensor(_CudaArray(ptr, n), device=device)
 
 
@@ -111,6 +120,8 @@ class CudaInput:
     """The scorer's input buffer of n int32 on its GPU, in an allocation of its own, lent by CUDA IPC."""
 
     def __init__(self, n: int, device: torch.device) -> None:
+        import torch
+
         torch.zeros(1, device=device)  # the primary context, current on this thread for the driver API
         self.n, self.device = n, device
         ptr = ctypes.c_uint64()
@@ -122,11 +133,15 @@ class CudaInput:
     @staticmethod
     def open(wire: dict[str, Any], device: torch.device) -> torch.Tensor:
         """The host's view of the buffer (opened before the solution is imported)."""
+        import torch
+
         torch.zeros(1, device=device)
         ptr, _ = _open(wire["handle"])
         return _view(ptr + int(wire["offset"]), int(wire["n"]), device)
 
     def close(self) -> None:
+        import torch
+
         del self.tensor
         torch.cuda.synchronize(self.device)
         with contextlib.suppress(CudaIpcError):
@@ -165,6 +180,8 @@ class CudaResults:
         return _view(ptr + offset, n, self.device)
 
     def close(self) -> None:
+        import torch
+
         torch.cuda.synchronize(self.device)
         for ptr, _ in self.mapped.values():
             with contextlib.suppress(CudaIpcError):

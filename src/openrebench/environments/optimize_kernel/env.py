@@ -18,7 +18,7 @@ class OptimizeKernel(Environment[KernelParams]):
     id = "optimize_kernel"
     rebench_id = "ai_rd_triton_cumsum"
     title = "Optimize a kernel: a conditional prefix sum"
-    version = "2.1.0"
+    version = "2.2.0"
     direction = Direction.MIN
     score_visible = True
     timing_sensitive = True

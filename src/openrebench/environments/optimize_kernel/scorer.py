@@ -24,19 +24,21 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from openrebench.api import ScoreResult, SolutionError, SolutionProcess, TierSpec
 
 from ._buffers import CpuInput, CudaInput, CudaIpcError, CudaResults
 from ._freeze import Freezer
-from ._inputs import expected_output, fresh_input
+from ._inputs import expected_array, expected_output, fresh_array, fresh_input
 from ._start import Started
 from ._yardstick import Yardstick
 from .params import KernelParams
+
+if TYPE_CHECKING:
+    import torch
 
 MIN_MS = 1e-3  # a solution's time per call is never taken below one microsecond
 SAMPLE = 1 << 16  # positions of each GPU result checked inside its window (all are checked after it)
@@ -53,6 +55,8 @@ def _checks(n: int) -> list[tuple[str, int, int, int]]:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Exact equality in one pass (torch.equal is several times slower on a GPU)."""
+    import torch
+
     return not bool(torch.ne(a, b).any())
 
 
@@ -64,10 +68,11 @@ def _first_mismatch(got: np.ndarray, want: np.ndarray) -> str:
 class _Session:
     """One scoring's host, buffers and clock; `call` runs one window and returns its milliseconds."""
 
-    def __init__(self, host: SolutionProcess, buffers: CpuInput | CudaInput, device: torch.device,
+    def __init__(self, host: SolutionProcess, buffers: CpuInput | CudaInput, device: torch.device | None,
                  n: int, timeout: float, setup_timeout: float, group: Any | None) -> None:
+        """`device` is the GPU's torch device, None on the CPU (where nothing here imports torch)."""
         self.host, self.device, self.timeout = host, device, timeout
-        self.cuda = device.type == "cuda"
+        self.cuda = device is not None
         self.freezer = Freezer(group)
         self.mem_fd: int | None = None
         self.cpu = buffers if isinstance(buffers, CpuInput) else None
@@ -88,6 +93,8 @@ class _Session:
         hello = host.receive(setup_timeout, "opening the scorer's buffers")
         self.done: torch.cuda.Event | None = None
         if self.gpu is not None:
+            import torch
+
             try:
                 self.done = torch.cuda.Event.from_ipc_handle(device, base64.b64decode(hello["event"]))
             except (KeyError, TypeError, ValueError, RuntimeError):
@@ -112,11 +119,15 @@ class _Session:
             done += got
         return out
 
-    def call(self, x: torch.Tensor, want: torch.Tensor, label: str) -> tuple[float, dict[str, Any]]:
-        """Time one call on `x` (prepared privately) and verify it against `want`."""
-        m = x.numel()
+    def call(self, x: torch.Tensor | np.ndarray, want: torch.Tensor | np.ndarray,
+             label: str) -> tuple[float, dict[str, Any]]:
+        """Time one call on `x` (prepared privately: a tensor on the GPU, an array on the CPU) and verify
+        it against `want`."""
+        m = len(x)
         what = f"prefix_sum on the {label} input"
         if self.gpu is not None:
+            import torch
+
             assert self.results is not None
             shared_in = self.gpu.tensor[:m]
             torch.cuda.synchronize(self.device)  # this call's input and answer are made: none of it is timed
@@ -142,23 +153,23 @@ class _Session:
                                     f"{_first_mismatch(got.cpu().numpy(), want.cpu().numpy())}")
             return ms, reply
         assert self.cpu is not None
-        shared_in = self.cpu.tensor[:m]
+        shared_in = self.cpu.array[:m]
         if self.freezer.namespace:
             # Every process of the solution is verified stopped and none can be started: the input may
             # be placed before the clock starts, since nothing can read it before the call.
-            shared_in.copy_(x)
+            np.copyto(shared_in, x)
             t0 = time.perf_counter()
         else:
             t0 = time.perf_counter()
-            shared_in.copy_(x)
+            np.copyto(shared_in, x)
         reply = self._resumed({"op": "call", "n": m}, self.timeout, what)
         ms = (time.perf_counter() - t0) * 1e3
         addr = reply.get("addr")
         if type(addr) is not int or addr <= 0:
             raise SolutionError("the solution host replied without the address of its result")
-        if not torch.equal(shared_in, x):
+        if not np.array_equal(shared_in, x):
             raise SolutionError(f"prefix_sum modified its input ({label} input); it must not")
-        got, expected = self._read_host(addr, m), want.numpy()
+        got, expected = self._read_host(addr, m), np.asarray(want)
         if not np.array_equal(got, expected):
             raise SolutionError(f"wrong output for the {label} input: {_first_mismatch(got, expected)}")
         self.request({"op": "release"}, self.timeout, "releasing the result")
@@ -171,6 +182,8 @@ class _Session:
         runs the k calls back to back, and once its event has passed every result is checked at a fresh
         random sample of positions, so that work left running on another stream is caught unfinished
         (or was finished inside the window). Every result is then checked whole, outside the window."""
+        import torch
+
         assert self.gpu is not None and self.results is not None and self.done is not None
         k, m = len(xs), xs[0].numel()
         slots = [self.gpu.tensor[i * self.n: i * self.n + m] for i in range(k)]
@@ -239,11 +252,16 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
     assert host is not None
     p = spec.params
     n, warmup, timed, per_window = p.length, p.warmup_calls, p.timed_calls, p.calls_per_window
-    if spec.device == "cuda" and not torch.cuda.is_available():
-        return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is available.")
-    device = torch.device(spec.device)
+    device = None  # the CPU: arrays, and no torch in this process
+    if spec.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            return ScoreResult.invalid(f"Invalid: the {spec.name} tier needs a CUDA GPU and none is "
+                                       "available.")
+        device = torch.device(spec.device)
     timeout = p.call_timeout_s
-    yardstick = p.yardstick if device.type == "cpu" else None
+    yardstick = p.yardstick if device is None else None
     yard: Yardstick | None = None
     phases: dict[str, float] = {}  # seconds each phase of the scoring took: where a slow scoring goes
     clock = [time.monotonic()]
@@ -253,7 +271,11 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
         phases[name] = round(phases.get(name, 0.0) + now - clock[0], 3)
         clock[0] = now
 
-    def prepared(size: int, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepared(size: int, low: int, high: int) -> tuple[Any, Any]:
+        """An input and its answer: tensors on the GPU, arrays on the CPU."""
+        if device is None:
+            a = fresh_array(size, low, high)
+            return a, expected_array(a)
         x = fresh_input(size, low, high, device)
         return x, expected_output(x)
 
@@ -264,12 +286,13 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
         if started.input_fd is not None:
             buffers = CpuInput(started.input_fd, n)
         else:
+            assert device is not None
             buffers = CudaInput(n * per_window, device)
         phase("start")
         session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s, group)
         # The protocol's own cost, measured before the solution exists (the identity's output is its
         # input), where the tier subtracts it.
-        x = fresh_input(n, -10, 11, device)
+        x = prepared(n, -10, 11)[0]
         baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
         overhead = statistics.median(baseline) if baseline else 0.0
         phase("host_ready")
@@ -283,7 +306,7 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
         phase("checks")
         windows, host_ms = [], []
         for k in range(warmup + timed):
-            if device.type == "cuda":
+            if device is not None:
                 xs, wants = zip(*(prepared(n, -10, 11) for _ in range(per_window)), strict=True)
                 phase("inputs")
                 ms, reply = session.window(list(xs), list(wants), f"timing #{k + 1}")
@@ -318,8 +341,8 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
         # Every process of the solution is gone now; the scorer can tell only inside its PID namespace.
         yard.run("after", yardstick.block)
         speed = _speed(yard, yardstick.ms, session.freezer.namespace)
-    result = _result(n, device, timed, windows[warmup:], baseline, overhead, host_ms[warmup:], speed,
-                     per_window)
+    result = _result(n, str(device or "cpu"), timed, windows[warmup:], baseline, overhead, host_ms[warmup:],
+                     speed, per_window)
     result.details["phases_s"] = phases
     return result
 
@@ -331,13 +354,13 @@ def _speed(yard: Yardstick, at_calibration: float, after_trusted: bool) -> dict[
             **{f"{phase}_ms": times for phase, times in yard.times.items()}}
 
 
-def _result(n: int, device: torch.device, timed: int, windows: list[float], baseline: list[float],
+def _result(n: int, device: str, timed: int, windows: list[float], baseline: list[float],
             overhead: float, host_ms: list[float], speed: dict[str, Any] | None = None,
             per_window: int = 1) -> ScoreResult:
     ms = [max(w - overhead, MIN_MS) for w in windows]
     median_ms = statistics.median(ms)
     q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [0.0, 0.0, 0.0]
-    details = {"length": n, "device": str(device), "median_ms": median_ms, "times_ms": ms,
+    details = {"length": n, "device": device, "median_ms": median_ms, "times_ms": ms,
                "windows_ms": windows, "overhead_ms": overhead, "baseline_ms": baseline,
                "host_reported_ms": host_ms, "calls_per_window": per_window,
                "spread_ms": {"min": min(ms), "max": max(ms), "iqr": q[2] - q[0]}}
