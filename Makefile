@@ -8,10 +8,10 @@ LOG_DIR ?= logs/demo
 
 EXAMPLE := examples/example-env
 
-$(STAMP): pyproject.toml $(EXAMPLE)/pyproject.toml
+$(STAMP): pyproject.toml $(EXAMPLE)/pyproject.toml scripts/install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]" -e $(EXAMPLE)
+	$(BIN)/python -m pip install -q --upgrade pip uv || $(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python scripts/install.py -e ".[dev]" -e $(EXAMPLE)
 	$(BIN)/python -c "from openrebench.harness._offline import install_from_litellm_wheel; install_from_litellm_wheel()"
 	touch $(STAMP)
 
@@ -33,7 +33,7 @@ view: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP) browser rust debian reach
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
 	$(BIN)/python -m pytest -m timing
@@ -71,7 +71,7 @@ reach:
 
 # ruff check only: the code keeps its compact hand layout (ruff format would expand it by about 2,800 lines)
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
 	$(BIN)/lint-imports
 
 clean:
