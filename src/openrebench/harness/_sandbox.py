@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 AGENT_USER = "agent"  # the one user of an attempt's sandbox (its uid is the attempt's own)
 HUMAN_STATE = "HumanAgentState"  # where Inspect's human agent keeps its clock in the sample's store
+# The module Inspect's human agent service writes for its `task` command, and its last function: a
+# person's login waits for it (the login command is printed before the service has started).
+HUMAN_AGENT_READY = ("/var/tmp/sandbox-services/human_agent/human_agent.py", "def _human_agent_service_dir(")
 RECORD_EVERY_S = 10.0
 RESUME_ENV = "OPENREBENCH_RESUME"  # "1": continue unfinished attempts (set by `openrebench eval --resume`)
 
@@ -433,8 +436,9 @@ class OpenRebenchSandbox(SandboxEnvironment):
             raise SandboxUnavailableError(str(e)) from None
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
-        """A login shell in the sandbox, for a person (Inspect's human agent prints this command)."""
-        return SandboxConnection(type="openrebench", command=self.backend.login())
+        """A login shell in the sandbox, for a person (Inspect's human agent prints this command): it starts
+        once the human agent's `task` command works (`login_shell`)."""
+        return SandboxConnection(type="openrebench", command=self.backend.login(HUMAN_AGENT_READY))
 
 
 def _resume(runs_dir: Path, config: SandboxConfig,

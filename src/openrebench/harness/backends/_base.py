@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import shlex
 import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -140,8 +141,10 @@ class Backend(ABC):
         raise NotImplementedError(f"the {self.name} backend runs commands itself (exec)")
 
     @abstractmethod
-    def login(self) -> str:
-        """A shell command giving a person a login shell as the agent (Inspect's human agent prints it)."""
+    def login(self, ready: tuple[str, str] | None = None) -> str:
+        """A shell command giving a person a login shell as the agent (Inspect's human agent prints it).
+        `ready` = (path, text): the shell starts once that file in the sandbox holds that text (see
+        `login_shell`)."""
 
     async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, timeout: int | None = None) -> ExecResult[str]:
@@ -216,3 +219,18 @@ class Backend(ABC):
         except PermissionError:
             raise PermissionError(errno.EACCES, "permission denied", file) from None
         return data.decode() if text else data
+
+
+def login_shell(ready: tuple[str, str] | None) -> list[str]:
+    """A login shell, started once `ready` = (path, text) holds: Inspect's human agent prints its login
+    command before its service has written the module its `task` command imports, and the login's
+    .bashrc runs `task start` at once. On a busy machine (or with a scoring started first, which freezes
+    the service's own commands) that came too late: the clock stayed stopped and `task submit` failed."""
+    if ready is None:
+        return ["bash", "--login"]
+    path, text = (shlex.quote(x) for x in ready)
+    wait = (f"i=0; until grep -qsF -- {text} {path}; do i=$((i+1)); "
+            "if [ $i = 20 ]; then echo 'waiting for the task command to be ready...'; fi; "
+            "if [ $i -gt 1200 ]; then echo 'the task command is not ready after 2 minutes; logging in "
+            "anyway'; break; fi; sleep 0.1; done; exec bash --login")
+    return ["bash", "-c", wait]

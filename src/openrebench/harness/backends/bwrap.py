@@ -48,7 +48,7 @@ from openrebench.isolation import (
 )
 
 from .._layout import GATEWAY_DIR, GATEWAY_PORT, HARNESS_DIR, HOME, STATE_DIRS, WORKSPACE
-from ._base import MAX_OUTPUT, Backend, _read_limit, output_limit_error
+from ._base import MAX_OUTPUT, Backend, _read_limit, login_shell, output_limit_error
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class BwrapBackend(Backend):
         except OSError as e:
             raise type(e)(e.errno or errno.EIO, e.strerror or str(e), file) from None
 
-    def login(self) -> str:
+    def login(self, ready: tuple[str, str] | None = None) -> str:
         """A script (the attempt's own, mode 700) that opens a terminal in the sandbox: a login shell on
         a pty of the sandbox, relayed to the caller's terminal. Any number may be open at once.
 
@@ -206,7 +206,7 @@ class BwrapBackend(Backend):
         where there is one (a virtual environment under root's home is closed to others)."""
         machine = self._machine()
         login = self.attempt.home.root / "login"
-        request = machine.terminal_request(["bash", "--login"], self.base_env)
+        request = machine.terminal_request(login_shell(ready), self.base_env)
         attach = Path(__file__).resolve().parents[2] / "isolation" / "_attach.py"
         python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
         argv = [python, "-I", "-S", str(attach), str(machine.socket_path), json.dumps(request)]

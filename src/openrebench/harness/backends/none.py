@@ -18,7 +18,7 @@ import sys
 from openrebench.gateway import exec_prefix
 
 from .._layout import WORKSPACE
-from ._base import Backend, Launch
+from ._base import Backend, Launch, login_shell
 
 NONE_WARNING = ("openrebench sandbox 'none': NOTHING IS ISOLATED. The agent's commands run as you, "
                 "on your files, with the network; it can read protected data and the reference "
@@ -45,8 +45,8 @@ class NoneBackend(Backend):
                                 forwarder=home.bin_dir / "gateway-forward", python=sys.executable), *cmd]
         return Launch(cmd, cwd=str(host_cwd), env={**base, **(env or {})})
 
-    def login(self) -> str:
-        return f"cd {shlex.quote(str(self.attempt.home.workspace))} && bash -l"
+    def login(self, ready: tuple[str, str] | None = None) -> str:
+        return f"cd {shlex.quote(str(self.attempt.home.workspace))} && {shlex.join(login_shell(ready))}"
 
 
 BACKEND = NoneBackend
