@@ -50,6 +50,11 @@ def test_the_closest_worked_example_comes_last_and_the_next_closest_in_the_secon
     other = _problem("You are given n integers. Count how many of them are positive, then print it.")
     assert ref.closest_last(other, 0)[-1][0] == "You are given n integers. Count how many of them are " \
                                                 "positive."
+    # Every worked example lies in a prefix the prompts of all problems and rounds share (the model server
+    # keeps it: only the closest example, again, and the statement are read per prompt).
+    later = ref.completion_prompt(other, 1)
+    shared = prompt[:next((i for i, (a, b) in enumerate(zip(prompt, later, strict=False)) if a != b), 0)]
+    assert all(e[0] in shared for e in ref.EXAMPLES) and len(prompt) - len(shared) < len(shared) / 3
 
 
 class _Completions:

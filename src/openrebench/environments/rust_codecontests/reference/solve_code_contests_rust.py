@@ -4,9 +4,10 @@
 Two prompt styles, chosen once by what the task model serves: a base model (the completions
 endpoint) continues a file of worked examples ending in the problem's statement and the first lines of
 a Rust program that reads all of standard input; a chat model is asked for one fenced Rust program.
-A small base model mostly adapts the last worked example it read, so the examples are ordered by how
-many words their statements share with the problem's, the closest last, and a second round puts the
-next closest last.
+A small base model mostly adapts the last worked example it read, so after the examples (always in
+the same order: a prefix every prompt shares, which the model server keeps and does not read again) the
+one whose statement shares the most words with the problem's comes again, last; a second round puts the
+next closest there instead.
 """
 
 from __future__ import annotations
@@ -127,10 +128,18 @@ def closest_last(problem: dict[str, Any], round_: int = 0) -> list[tuple[str, ..
     return ordered
 
 
+def _shot(example: tuple[str, ...]) -> str:
+    return _statement(*example[:4]) + HEAD + example[4] + "\n"
+
+
+PREFIX = "\n".join(_shot(example) for example in EXAMPLES) + "\n"
+
+
 def completion_prompt(problem: dict[str, Any], round_: int = 0) -> str:
-    """The worked examples, then the problem's statement (which quotes its example) and the program's head."""
-    shots = [_statement(*example[:4]) + HEAD + example[4] + "\n" for example in closest_last(problem, round_)]
-    return "\n".join(shots) + "\n" + _comment(problem["description"]) + "\n" + HEAD
+    """The worked examples, the closest of them again, then the problem's statement (which quotes its
+    example) and the program's head."""
+    closest = _shot(closest_last(problem, round_)[-1])
+    return PREFIX + closest + "\n" + _comment(problem["description"]) + "\n" + HEAD
 
 
 FORMAT = re.compile(r'(print(?:ln)?!\()"([^"\\]*)"((?:\s*,[^;]*)?)\);')
