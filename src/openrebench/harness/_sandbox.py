@@ -443,9 +443,10 @@ class OpenRebenchSandbox(SandboxEnvironment):
         return 0.5
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
-        """A login shell in the sandbox, for a person (Inspect's human agent prints this command): it starts
-        once the human agent's `task` command works (`login_shell`)."""
-        return SandboxConnection(type="openrebench", command=self.backend.login(HUMAN_AGENT_READY))
+        """A login shell in the sandbox, for a person (Inspect's human agent prints this command): for the
+        human agent, it starts once that agent's `task` command works (`login_shell`)."""
+        ready = HUMAN_AGENT_READY if self.config.agent == "human" else None
+        return SandboxConnection(type="openrebench", command=self.backend.login(ready))
 
 
 def _resume(runs_dir: Path, config: SandboxConfig,
