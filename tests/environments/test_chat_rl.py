@@ -245,7 +245,12 @@ def test_judge_failures_are_counted_and_left_out_and_an_outage_is_invalid(
     judge.fail = 10**6
     judge.completions.create = create
     down = _score(tiny, run_dirs)
-    assert down.raw is None and down.message.startswith("Invalid: the judge could not compare any answers")
+    # Every comparison the judge was asked for failed; an empty answer (the sampling is the scoring's own)
+    # loses both its comparisons without asking, so an outage reads as too many failures, not as none judged.
+    empty = down.details["empty_answers"]
+    assert down.raw is None and down.details["judge_failures"] == 16 - 2 * empty
+    assert down.message.startswith("Invalid: the judge could not be asked for" if empty else
+                                   "Invalid: the judge could not compare any answers"), down.message
 
 
 class DodgedJudge:
