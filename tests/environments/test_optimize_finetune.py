@@ -140,7 +140,7 @@ BROKEN = {
                      "sed -i 's/\"n_embd\": 128/\"n_embd\": 256/' trained_model/config.json\n",
                      "is not the initial model's architecture: config.json has n_embd = 256, expected 128"),
     "wrong shape": (WRONG_SHAPE, "transformer.h.0.mlp.c_fc.weight has shape [128, 8], expected [128, 512]"),
-    "hangs": ("#!/usr/bin/env bash\nsleep 1000\n", "took longer than the 15 s scoring limit"),
+    "hangs": ("#!/usr/bin/env bash\nsleep 1000\n", "took longer than the 8 s scoring limit"),
 }
 
 
@@ -149,7 +149,7 @@ BROKEN = {
 def test_broken_pipelines_are_invalid(run: Run, name: str) -> None:
     script, reason = BROKEN[name]
     (run.workspace / "finetune.sh").write_text(script)
-    row = score_run(run, timeout_s=15 if name == "hangs" else None)
+    row = score_run(run, timeout_s=8 if name == "hangs" else None)
     assert row.raw is None and row.message.startswith("Invalid: ")
     assert reason in row.message, row.message
 

@@ -43,7 +43,7 @@ HOSTILE: dict[str, tuple[str, str]] = {
     "fills memory": ("import numpy as np\nhog = np.ones(8 * 1024**3, dtype=np.uint8)\n",
                      "used more than 1 GB of memory"),
     "hangs": ("def prefix_sum(x):\n    while True:\n        pass\n",
-              "took longer than the 20 s scoring limit"),
+              "took longer than the 10 s scoring limit"),
 }
 
 
@@ -61,7 +61,7 @@ def test_hostile_solution_gets_invalid_row(kernel_run: Run, name: str,
     spec = OptimizeKernel.tiers["mini"]
     monkeypatch.setitem(OptimizeKernel.tiers, "mini", spec.model_copy(update={"memory_limit_gb": 1}))
     (kernel_run.workspace / "solution.py").write_text(code)
-    row = score_run(kernel_run, timeout_s=20 if name == "hangs" else 120)
+    row = score_run(kernel_run, timeout_s=10 if name == "hangs" else 120)
     assert row.raw is None and row.normalised is None
     assert row.message.startswith("Invalid: ")
     assert expected in row.message, row.message
