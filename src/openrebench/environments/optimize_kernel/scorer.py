@@ -271,13 +271,14 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
         phases[name] = round(phases.get(name, 0.0) + now - clock[0], 3)
         clock[0] = now
 
+    def fresh(size: int, low: int, high: int) -> Any:
+        """An input from a seed drawn now: a tensor on the GPU, an array on the CPU."""
+        return fresh_array(size, low, high) if device is None else fresh_input(size, low, high, device)
+
     def prepared(size: int, low: int, high: int) -> tuple[Any, Any]:
-        """An input and its answer: tensors on the GPU, arrays on the CPU."""
-        if device is None:
-            a = fresh_array(size, low, high)
-            return a, expected_array(a)
-        x = fresh_input(size, low, high, device)
-        return x, expected_output(x)
+        """An input and its answer."""
+        x = fresh(size, low, high)
+        return x, expected_array(x) if device is None else expected_output(x)
 
     # The host was started first: it imports torch while this process initialises CUDA.
     buffers: CpuInput | CudaInput | None = None
@@ -292,7 +293,7 @@ def score(spec: TierSpec[KernelParams], solution: Path, started: Started) -> Sco
         session = _Session(host, buffers, device, n, timeout, p.setup_timeout_s, group)
         # The protocol's own cost, measured before the solution exists (the identity's output is its
         # input), where the tier subtracts it.
-        x = prepared(n, -10, 11)[0]
+        x = fresh(n, -10, 11)
         baseline = [session.call(x, x, "baseline")[0] for _ in range(p.baseline_calls)]
         overhead = statistics.median(baseline) if baseline else 0.0
         phase("host_ready")
