@@ -1,5 +1,5 @@
 """What a CPU scoring's own process imports: optimize_kernel's CPU scorer and scaling_law's scorer never
-import torch (each import costs a scoring about 2 s of CPU, and torch's threads left spinning slowed the
+import torch (each import costs a scoring about 2 s of CPU, and torch's threads left spinning likely slowed the
 kernel's timed calls), and openrebench.lm imports a name's module only when the name is first used."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import openrebench.lm as lm
 
 CPU_SCORING = """
-import mmap, os, sys
+import os, sys
 import numpy as np
 from openrebench.environments.optimize_kernel import scorer
 from openrebench.environments.optimize_kernel._buffers import CpuInput
