@@ -1,6 +1,7 @@
 """What a CPU scoring's own process imports: optimize_kernel's CPU scorer and scaling_law's scorer never
-import torch (each import costs a scoring about 2 s of CPU, and torch's threads left spinning likely slowed the
-kernel's timed calls), and openrebench.lm imports a name's module only when the name is first used."""
+import torch (each import costs a scoring about 2 s of CPU, and torch's threads left spinning likely
+slowed the kernel's timed calls), and openrebench.lm imports a name's module only when the name is first
+used."""
 
 from __future__ import annotations
 
