@@ -34,7 +34,10 @@ def test_list_and_info_show_the_kernel_environment() -> None:
     code, out = invoke("info", "rust_codecontests")  # its mini tier cuts the offline model's replies
     text = " ".join(out.replace("│", " ").split())
     assert code == 0
-    assert "2,000,000 tokens per run; each reply of the tier's own models at most 256 tokens" in text
+    from openrebench.runs import get_environment
+
+    cap = get_environment("rust_codecontests").tier("mini").model_budget.reply_tokens
+    assert f"2,000,000 tokens per run; each reply of the tier's own models at most {cap} tokens" in text
     assert "$500 per run" in text and text.count("each reply") == 1  # the full tier's model is not cut
 
 

@@ -143,7 +143,7 @@ def test_the_agent_is_told_the_models_and_budget_its_run_grants_not_the_tiers(en
 
 
 def test_a_tiers_reply_cap_holds_for_its_own_model_only_and_the_agent_is_told(tmp_path: Path) -> None:
-    """rust_codecontests' mini tier cuts the offline model's replies at 256 tokens, for the agent and each
+    """rust_codecontests' mini tier cuts the offline model's replies (at 160 tokens), for the agent and each
     scoring; a run given another task model is not cut (what suits a small CPU model would hobble it),
     and a run's grant file written before the cap gets the cap of the models it names."""
     import json
@@ -154,26 +154,27 @@ def test_a_tiers_reply_cap_holds_for_its_own_model_only_and_the_agent_is_told(tm
     env = get_environment("rust_codecontests")
     own = RunModels.for_tier(env, "mini")
     assert own is not None and own.scoring_budget is not None
-    assert own.budget.reply_tokens == own.scoring_budget.reply_tokens == 256
+    cap = env.tier("mini").model_budget.reply_tokens
+    assert cap is not None and own.budget.reply_tokens == own.scoring_budget.reply_tokens == cap
     other = RunModels.for_tier(env, "mini", {"task_model": GRANTED})
     assert other is not None and other.scoring_budget is not None
     assert other.budget.reply_tokens is None and other.scoring_budget.reply_tokens is None
     scoring = f"{env.tier('mini').scoring_model_budget.tokens:,} tokens"  # each scoring's, told too
     (sample,) = environment_tasks()["rust_codecontests"]().dataset
     text = " ".join(str(sample.input).split())
-    assert "each reply at most 256 tokens" in text
-    assert f"{scoring} (each reply at most 256 tokens: a longer one is cut there) for all the" in text
+    assert f"each reply at most {cap} tokens" in text
+    assert f"{scoring} (each reply at most {cap} tokens: a longer one is cut there) for all the" in text
     (sample,) = environment_tasks()["rust_codecontests"](task_model=GRANTED).dataset
     text = " ".join(str(sample.input).split())
     assert "each reply at most" not in text and f"{scoring} for all the held-out" in text
     run, _ = start_run(env, "mini", tmp_path / "run", score_start=False)
     (run.path / "gateway").mkdir()
-    for models, cap in (({"task_model": "local"}, 256), ({"task_model": GRANTED}, None)):
+    for models, expected in (({"task_model": "local"}, cap), ({"task_model": GRANTED}, None)):
         (run.path / "gateway" / "grant.json").write_text(json.dumps(
             {"models": models, "budget": {"usd": None, "tokens": 2_000_000}}))  # no reply_tokens: older
         found = RunModels.of_run(run)
         assert found is not None and found.scoring_budget is not None
-        assert (found.budget.reply_tokens, found.scoring_budget.reply_tokens) == (cap, cap), models
+        assert (found.budget.reply_tokens, found.scoring_budget.reply_tokens) == (expected, expected), models
 
 
 def test_a_granted_offline_model_and_a_dollar_budget_are_named_in_words() -> None:

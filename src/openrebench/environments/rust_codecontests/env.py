@@ -93,10 +93,11 @@ class RustCodecontests(Environment[RustCodecontestsParams]):
             calibration=CALIBRATION / "mini--cpu-amd-epyc--task-model-local.json",
             models={"task_model": ModelRole(description="writes the Rust programs", model=LOCAL_MODEL,
                                             label="Gemma 3 270M, a small base model served offline")},
-            # Replies cut at 256 tokens: a program for these problems takes under 150, and the base model
-            # rarely stops by itself (the start's 24 chat replies of 512 tokens took 168 s of its scoring).
-            model_budget=ModelBudget(tokens=2_000_000, reply_tokens=256),
-            scoring_model_budget=ModelBudget(tokens=120_000, reply_tokens=256)),
+            # Replies cut at 160 tokens: a program for these problems takes under 150 (the reference asks
+            # 150), and the base model rarely stops by itself: the start's 24 chat replies, asked for 512
+            # tokens each, took 168 s of a 171 s scoring uncut and 71-76 s cut at 256 (2-core machines).
+            model_budget=ModelBudget(tokens=2_000_000, reply_tokens=160),
+            scoring_model_budget=ModelBudget(tokens=120_000, reply_tokens=160)),
         "full": TierSpec(
             name="full", description="CodeContests (test split, 165 problems; valid split for the agent), "
                                      "gpt-3.5-turbo-0125 as the task model; no GPU needed.",
