@@ -670,3 +670,45 @@ def test_a_batch_of_echoes_is_not_bounded_by_the_servers_slots() -> None:
     assert limit(echo, 10_000, 100, "the budget", max_choices=4) == 0
     with pytest.raises(Refusal, match="takes at most 4 choices"):
         limit({"prompt": ["Answer:"] * 16, "max_tokens": 5}, 10_000, 100, "the budget", max_choices=4)
+
+
+def test_the_offline_model_stays_between_grants_while_kept_and_goes_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eval whose environments use the offline model keeps it (`keep_local`): its server is started
+    once for all the eval's scorings and the judge's weights are not dropped between them; without the
+    hold, or once it ends, the model goes with the last grant as before."""
+    from types import SimpleNamespace
+
+    from openrebench.gateway import _service
+
+    starts: list[int] = []
+    stops: list[int] = []
+
+    @contextlib.contextmanager
+    def fake_server(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        starts.append(1)
+        try:
+            yield SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="gemma-3-270m", api_key="k",
+                                  parallel=4)
+        finally:
+            stops.append(1)
+
+    monkeypatch.setattr(_service, "shared_local_server", fake_server)
+    service = _service.ModelService()  # its sockets under the system temp folder (a short path)
+    unloads: list[int] = []
+    monkeypatch.setattr(service._likelihood, "unload", lambda: unloads.append(1))
+
+    def one_scoring(run: str) -> None:
+        grant = service.grant(tmp_path / run, {"judge": "local"})
+        service.revoke(grant.token)
+
+    try:
+        one_scoring("a")
+        assert (len(starts), len(stops), len(unloads)) == (1, 1, 1)  # not kept: gone with its grant
+        with service.keep_local():
+            one_scoring("b")
+            one_scoring("c")
+            assert (len(starts), len(stops), len(unloads)) == (2, 1, 1)  # one start for both scorings
+        assert (len(starts), len(stops), len(unloads)) == (2, 2, 2)  # let go once the hold ends
+    finally:
+        service.close()

@@ -223,13 +223,31 @@ def eval_(
                "max_samples": max_samples, "display": display, **plan.made_with,
                **({"solver": SolverSpec(solver)} if solver is not None else {})}
     began = time.monotonic()
-    with plan.serving:
+    with plan.serving, _keeping_local(plan):
         if retry_attempts or resume:
             _, logs = eval_set(tasks, retry_attempts=retry_attempts, **options)  # type: ignore[arg-type]
         else:
             logs = inspect_eval(tasks, **options)  # type: ignore[arg-type]
     report(logs, plan.ids, tasks, f"openrebench eval — {solver or agent} on {tier}", time.monotonic() - began,
            log_dir, campaign=len(plan.limits) > 1)
+
+
+def _keeping_local(plan: _Plan) -> contextlib.AbstractContextManager[Any]:
+    """The offline model kept for the whole eval where an environment's role uses it (chat_rl's judge,
+    rust_codecontests' task model): otherwise each scoring would start its server again and reload the
+    judge's weights (several seconds each on a small CPU)."""
+    from openrebench.api import LOCAL_MODEL
+
+    def uses_local(env_id: str) -> bool:
+        roles = get_env(env_id).tier(plan.tier).models
+        overrides = plan.env_models.get(env_id) or {}
+        return any(str(overrides.get(role, r.model)) == LOCAL_MODEL for role, r in roles.items())
+
+    if not any(uses_local(e) for e in plan.ids):
+        return contextlib.nullcontext()
+    from openrebench.gateway import model_service
+
+    return model_service().keep_local()
 
 
 @dataclass

@@ -23,7 +23,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +78,7 @@ class ModelService:
         self._local = contextlib.ExitStack()
         self._endpoint: LocalEndpoint | None = None
         self._likelihood = Likelihood()  # the offline model's echo, loaded on its first request
+        self._keeping = 0  # `keep_local` holds: the offline model stays between grants while any is held
         self._closed = False
         self.restarts = 0
 
@@ -208,10 +209,26 @@ class ModelService:
                     live.socket_path.parent.rmdir()
             self._release_local()
 
+    @contextlib.contextmanager
+    def keep_local(self) -> Iterator[None]:
+        """Keep the offline model (its server and the judge's weights) between this process's grants while
+        the context is held: an eval of several runs whose environments use it would otherwise start the
+        server and load the weights again for every scoring. Let go at the end as usual."""
+        with self._lock:
+            self._keeping += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._keeping -= 1
+                self._release_local()
+
     def _release_local(self) -> None:
-        """Let the local model server go once no live grant names it: it is shared, so it stops only when
-        no other user (an agent's `--model local`, another process) holds it either."""
-        if self._endpoint is None or any(LOCAL_MODEL in live.models.values() for live in self._live.values()):
+        """Let the local model server go once no live grant names it and nothing keeps it (`keep_local`):
+        it is shared, so it stops only when no other user (an agent's `--model local`, another process)
+        holds it either."""
+        if self._keeping or self._endpoint is None or any(
+                LOCAL_MODEL in live.models.values() for live in self._live.values()):
             return
         found = self._models.pop(LOCAL_MODEL, None)
         if found is not None and self._thread is not None:
