@@ -21,6 +21,7 @@ from openrebench.gateway import LOCAL_INSPECT_MODEL, LocalEndpoint
 from openrebench.harness import _models, agent_limits
 from openrebench.harness._limits import IDLE_TURNS, parse_count
 from openrebench.harness._models import (
+    LOCAL_AGENT_SERVER,
     Estimate,
     check_client,
     check_credentials,
@@ -247,6 +248,23 @@ def test_local_names_the_offline_model_free_but_priced_and_checked_offline(
     assert isinstance(resolve_agent_model(name)[1], contextlib.nullcontext)
 
 
+def test_the_agents_server_never_cuts_a_tiers_own_replies_shorter_than_its_cap() -> None:
+    """The shared offline server caps every reply at what its first user asked: where the agent's eval
+    started it, the environments' scorings get that cap too, so it is no lower than any tier's own cap on
+    the offline model (rust_codecontests' reference asks 150 tokens under the mini tier's 160)."""
+    from openrebench.api import LOCAL_MODEL
+    from openrebench.runs import environment_classes, get_environment
+
+    caps = []
+    for env_id in environment_classes():
+        for spec in get_environment(env_id).tiers.values():
+            if any(role.model == LOCAL_MODEL for role in spec.models.values()):
+                caps += [b.reply_tokens for b in (spec.model_budget, spec.scoring_model_budget)
+                         if b is not None and b.reply_tokens is not None]
+    assert caps, "no tier caps the offline model's replies: the check would check nothing"
+    assert max(caps) <= LOCAL_AGENT_SERVER["max_tokens"], (caps, LOCAL_AGENT_SERVER)
+
+
 def test_serving_points_inspects_provider_at_the_shared_server_and_restores_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from inspect_ai.model import get_model_info
@@ -256,7 +274,7 @@ def test_serving_points_inspects_provider_at_the_shared_server_and_restores_the_
 
     @contextlib.contextmanager
     def fake_server(**options: Any) -> Iterator[LocalEndpoint]:
-        assert options["max_tokens"] == 256  # replies short enough for a minute of working time
+        assert options["max_tokens"] == LOCAL_AGENT_SERVER["max_tokens"]  # short enough for a minute
         entered.append("in")
         yield LocalEndpoint("http://127.0.0.1:1/v1", "secret")
         entered.append("out")

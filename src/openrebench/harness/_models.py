@@ -57,11 +57,13 @@ LOCAL_MODELS = (LOCAL_INSPECT_MODEL, f"openai-api-completions/local/{LOCAL_MODEL
 """The offline model's Inspect names: chat (the agent's, with tools) and raw completions."""
 LOCAL_CONTEXT = 4096  # tokens per request: the shared server's slot (gateway/_local.py)
 # How the agent's eval starts the shared server when no one else has (a running one is reused as it is).
-# Replies are capped at 256 tokens: the base model rarely stops by itself, and at llama.cpp's 1024 a
+# Replies are capped at 160 tokens: the base model rarely stops by itself, and at llama.cpp's 1024 a
 # reply took 34-85 s on the 2-core CPU (12-30 tokens/s while a test suite ran), longer than a 1-minute
-# attempt. One thread on a 2-core machine: under that load the 270M model generated 30 tokens/s on one
-# thread and 2-12 on two (they wait on each other while other processes hold the cores).
-LOCAL_AGENT_SERVER = {"max_tokens": 256}
+# attempt; each of its turns is working time. Not lower than any tier's own cap on the offline model
+# (rust_codecontests' mini: 160), since the environments' scorings share a running server and its cap.
+# One thread on a 2-core machine: under that load the 270M model generated 30 tokens/s on one thread
+# and 2-12 on two (they wait on each other while other processes hold the cores).
+LOCAL_AGENT_SERVER = {"max_tokens": 160}
 
 
 def is_local(model: str | None) -> bool:
