@@ -5,7 +5,8 @@ Cold demo: `make install` (the virtual environment and the package) timed alone,
 OPENREBENCH_HOME an empty folder, so every asset is built. Per environment the script reports what its
 assets took to build (each asset's manifest records its build seconds), what its scorings took (the
 score log's durations: the set-up scoring of the start, then the oracle's) and the whole task's time
-from its Inspect log; then the react attempt on the offline model. Warm demo: the same `make demo`
+from its Inspect log, and every row's raw and normalised score (the oracle's should read about 1); then
+the react attempt on the offline model. Warm demo: the same `make demo`
 again, the cache kept. The machine is described (CPU model, cores, memory) beside the numbers.
 
     .venv/bin/python benchmarks/first_hour.py --out benchmarks/results/first_hour/$(date +%F)_<machine>.json
@@ -78,6 +79,20 @@ def scoring_seconds(runs: Path, skip: frozenset[str] | set[str] = frozenset()) -
     return {env: dict(kinds) for env, kinds in out.items()}
 
 
+def scores(runs: Path, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, list[dict[str, Any]]]:
+    """Each environment's rows (kind, raw, normalised), in order, from the score logs of the runs not named
+    in `skip`: the oracle's should read about 1, and the clone is removed after the run."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for log in sorted(runs.rglob("score_log.jsonl")):
+        if log.parent.name in skip:
+            continue
+        info = json.loads((log.parent / "run.json").read_text())
+        for line in log.read_text().splitlines():
+            row = json.loads(line)
+            out[info["env_id"]].append({k: row.get(k) for k in ("kind", "raw", "normalised")})
+    return dict(out)
+
+
 def task_seconds(logs: Path, python: Path,
                  skip: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
     """Each Inspect task's wall time and agent, read with the clone's own Inspect, but for the logs named
@@ -125,6 +140,7 @@ def demo_phases(work: Path, home: Path, env: dict[str, str], label: str) -> dict
     seconds, code = timed(["make", "demo"], work, env, work.parent / f"{label}.log")
     return {"seconds": round(seconds, 1), "exit_code": code, "log": str(work.parent / f"{label}.log"),
             "assets_s": asset_seconds(home), "scorings_s": scoring_seconds(runs, before),
+            "scores": scores(runs, before),
             "tasks": task_seconds(logs, work / ".venv" / "bin" / "python", before)}
 
 
