@@ -93,6 +93,16 @@ def test_gcide_entries_give_a_first_sense_and_refuse_what_is_not_clean() -> None
     assert data.first_sense("Bake \\Bake\\, v. i.\n   To be baked; to dry.\n") == ("verb", "To be baked.")
 
 
+def test_the_tiers_base_pretrains_on_two_threads_a_tiny_one_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two math threads for the mini tier's base model (its batches split well), one for the tests' tiny
+    one, and never more than two, whatever the machine's cores (the model then does not depend on them)."""
+    mini = get_environment("chat_rl").tier("mini").params
+    monkeypatch.setattr(_assets.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert (_assets.pretraining_threads(mini), _assets.pretraining_threads(TINY)) == (2, 1)
+    monkeypatch.setattr(_assets.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert _assets.pretraining_threads(mini) == 1  # one core: one thread
+
+
 def test_the_split_is_stable_and_by_key() -> None:
     examples = [data.Example(f"q{i}", "a", "define", f"w{i}") for i in range(300)]
     again = [data.Example(f"Q{i}?", "b", "part", f"w{i}") for i in range(300)]
