@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -97,9 +98,9 @@ def test_the_tiers_base_pretrains_on_two_threads_a_tiny_one_on_one(monkeypatch: 
     """Two math threads for the mini tier's base model (its batches split well), one for the tests' tiny
     one, and never more than two, whatever the machine's cores (the model then does not depend on them)."""
     mini = get_environment("chat_rl").tier("mini").params
-    monkeypatch.setattr(_assets.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert (_assets.pretraining_threads(mini), _assets.pretraining_threads(TINY)) == (2, 1)
-    monkeypatch.setattr(_assets.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert _assets.pretraining_threads(mini) == 1  # one core: one thread
 
 

@@ -12,3 +12,8 @@ def cache_dir() -> Path:
     path = Path(root).expanduser().resolve() if root else Path.home() / ".cache" / "openrebench"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the platform tells it, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

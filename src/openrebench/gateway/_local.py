@@ -45,7 +45,7 @@ from typing import Any
 
 import psutil
 
-from openrebench.base import OpenRebenchError, cache_dir
+from openrebench.base import OpenRebenchError, cache_dir, usable_cores
 
 from ._local_file import local_model_path
 
@@ -79,7 +79,7 @@ CHAT_TEMPLATE = (
 
 def default_threads() -> int:
     """At most 4: a 270M model gains little beyond, and the harness and scorer need cores too."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return min(4, cores)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from openrebench.api import LOCAL_MODEL, OpenRebenchError
+from openrebench.base import usable_cores
 from openrebench.gateway import (
     LOCAL_INSPECT_MODEL,
     LOCAL_MODEL_NAME,
@@ -96,7 +97,7 @@ def _serve_local() -> Iterator[None]:
     for name in LOCAL_MODELS:
         set_model_info(name, ModelInfo(organization="Google", model="Gemma 3 270M (Q4_K_M, llama.cpp)",
                                        context_length=LOCAL_CONTEXT, cost=free))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     options = {**LOCAL_AGENT_SERVER, **({"threads": 1} if cores <= 2 else {})}
     with shared_local_server(**options) as endpoint:
         variables = endpoint.inspect_env()

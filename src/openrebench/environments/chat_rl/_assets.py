@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from openrebench.api import OpenRebenchError, TierSpec, stage
+from openrebench.base import usable_cores
 from openrebench.lm import (
     GPTConfig,
     TrainConfig,
@@ -103,7 +103,7 @@ def pretraining_threads(p: ChatRLParams) -> int:
     small to split, and on cores other work shares a second thread waits, see chat_lm.cpu_threads); never
     more than two, so a machine's core count beyond that does not change the model."""
     params = p.n_layer * 12 * p.n_embd**2 + p.vocab_size * p.n_embd
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return min(2, cores) if params >= PRETRAIN_TWO_THREADS else 1
 
 
