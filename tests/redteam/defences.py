@@ -56,6 +56,14 @@ def _gateway_reservation(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(_server, "prompt_bound", lambda endpoint, body: 0)
 
 
+def _held_out_server(mp: pytest.MonkeyPatch) -> None:
+    """Scorings and the agent reach the offline model through one server (as before class 3's test of
+    the model server's cache)."""
+    from openrebench.gateway import _service
+
+    mp.setattr(_service, "HELD_OUT_SERVER", _service.OPEN_SERVER)
+
+
 def _reply_cap(mp: pytest.MonkeyPatch) -> None:
     """The gateway holds each request's worst case but ignores the tier's cap on one reply (as before
     `reply_tokens`): a request's own max_tokens, or none, reaches the model."""
@@ -127,6 +135,8 @@ SWITCHES: dict[str, Switch] = {
     "own-reserve": Switch("each score log keeps its reserve allocated past its own end", _own_reserve),
     "per-test-cgroup": Switch("each rust_codecontests test's program, and the scaffold's host, in a cgroup "
                               "of its own, killed whole when it ends", _per_test_cgroup),
+    "held-out-server": Switch("scorings reach the offline model through a server the agent's side never "
+                              "reaches (its prompt cache holds held-out text)", _held_out_server),
     "judge-shown-answers": Switch("answers shown to the prompted judge without chat-template tokens, section "
                                   "marks or label letters", _shown_answers),
     "score-socket-cap": Switch("a run's score socket serves at most MAX_CONNECTIONS connections at once",

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from test_gateway import PRICE, FakeBackend, Hangs, _aclient, _client, _grant, _rows, backend, gw  # noqa: F401
@@ -667,3 +668,44 @@ def test_the_agent_cannot_reach_a_server_on_the_hosts_loopback_nor_the_local_mod
     host.close()
     assert accepted == [] and "open" not in out.stdout.split(), out.stdout
     assert "local-model" not in out.stdout and "server.json" not in out.stdout
+
+
+@attack(env="gateway", cls="held-out data through the model server's cache", invariant=3,
+        defence="held-out-server")
+def test_the_agent_cannot_read_a_scorings_prompts_from_the_offline_models_cache(tmp_path: Path) -> None:
+    """llama.cpp keeps recent prompts and says how many tokens of a new one it found kept
+    (`cached_tokens`; a kept prompt also answers faster). A scoring sends the offline model a held-out
+    problem; afterwards the agent, with its own grant on the same run, sends guesses of that problem's
+    text and reads which were kept. The run's scorings reach a server of their own: nothing is kept
+    for the agent. (The probe works: the agent's own repeated prompt is found kept.)"""
+    from types import SimpleNamespace
+
+    from openrebench.gateway import ModelService
+    from openrebench.harness._run_models import RunModels
+
+    service = ModelService()  # its own gateway and servers, let go at the end
+    run: Any = SimpleNamespace(path=tmp_path / "run")
+    models = RunModels({"task_model": "local"}, Budget(tokens=100_000), service=service)
+    held_out = "Problem 17 (held out): count the pairs of a_1..a_n whose xor is prime, modulo 998244353. " * 5
+
+    def cached(token: str, text: str) -> int:
+        transport = httpx.HTTPTransport(uds=str(service.socket_path))
+        client = openai.OpenAI(base_url="http://gateway/v1", api_key=token, max_retries=0,
+                               http_client=httpx.Client(transport=transport))
+        out = client.chat.completions.create(model="task_model", max_tokens=1,
+                                             messages=[{"role": "user", "content": text}])
+        details = out.usage.prompt_tokens_details if out.usage else None
+        return (details.cached_tokens or 0) if details else 0
+
+    try:
+        agent = models.agent(run).token  # the attempt's grant: held from its start to its end
+        with models.scoring(run, False) as access:
+            cached(access.env["OPENAI_API_KEY"], held_out)
+        guess = cached(agent, held_out)
+        own = "The agent's own notes, sent twice, long enough to be kept by the server's cache. " * 5
+        cached(agent, own)
+        assert cached(agent, own) > 0  # the agent's probe reads its own server's cache
+        assert guess == 0, f"{guess} tokens of the scoring's held-out prompt were found in the agent's server"
+    finally:
+        models.close()
+        service.close()

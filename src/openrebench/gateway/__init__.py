@@ -37,17 +37,19 @@ from ._local import INSPECT_MODEL as LOCAL_INSPECT_MODEL
 from ._local import MODEL_NAME as LOCAL_MODEL_NAME
 from ._local import LocalModelServer
 from ._local_file import local_model_path
-from ._local_share import LocalEndpoint, shared_local_server
+from ._local_share import HELD_OUT_SERVER, OPEN_SERVER, LocalEndpoint, shared_local_server
 from ._prices import LIST_PRICES, LOCAL_PROVIDERS, PRICES_DATE, find_price, load_prices
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 from ._service import SOCKET_NAME, USAGE_LOG, ModelService, model_service
 from ._usage import Totals, UsageLog, summarise
 
 __all__ = [
+    "HELD_OUT_SERVER",
     "LIST_PRICES",
     "LOCAL_INSPECT_MODEL",
     "LOCAL_MODEL_NAME",
     "LOCAL_PROVIDERS",
+    "OPEN_SERVER",
     "PRICES_DATE",
     "SOCKET_NAME",
     "USAGE_LOG",

@@ -31,6 +31,14 @@ from ._local import (
 )
 from ._local_file import _flock, _gguf_package, local_model_path
 
+OPEN_SERVER = "local-model"
+"""The server of the agent's side: its own model (`--model local`) and its grants' calls."""
+HELD_OUT_SERVER = "local-model-held-out"
+"""The server of scorings and set-up builds, whose prompts carry held-out data: llama.cpp keeps recent
+prompts (a slot's KV cache, its prompt cache in RAM) and says how much of a new prompt it found there
+(`cached_tokens`, and a faster answer), so a server the agent also reaches would let it test guesses of
+held-out text. No request of the agent's side reaches this one."""
+
 
 @dataclass(frozen=True)
 class LocalEndpoint:
@@ -90,17 +98,19 @@ def _terminate(pid: int, started: float) -> None:
 
 
 @contextlib.contextmanager
-def shared_local_server(cache: Path | None = None, **options: Any) -> Iterator[LocalEndpoint]:
+def shared_local_server(cache: Path | None = None, *, name: str = OPEN_SERVER,
+                        **options: Any) -> Iterator[LocalEndpoint]:
     """One local model server for every user, in this process and others, while any of them needs it.
 
     The first user starts it; later ones in this process share it (a count), and other processes find
-    it through `<cache>/local-model/server.json` (pid, port, key, model sha; read and written under
+    it through `<cache>/<name>/server.json` (pid, port, key, model sha; read and written under
     `server.lock`), reusing it if its pid lives and it answers. Each process using it holds a lease in
     `local-model/users/`. The last user to leave, whichever process it is in, stops it; a server whose
     leaseholders all died stops itself; a state file whose server is gone is replaced. `options` go to
-    `LocalModelServer` when this call starts the server (a running one is reused as it is).
+    `LocalModelServer` when this call starts the server (a running one is reused as it is). Servers of
+    another `name` share nothing with it: `HELD_OUT_SERVER` is the one whose cache holds held-out data.
     """
-    folder = (cache or cache_dir()) / "local-model"
+    folder = (cache or cache_dir()) / name
     endpoint = _acquire(folder, cache, options)
     try:
         yield endpoint

@@ -7,7 +7,10 @@ alone, bound in (a folder, not the socket file: a restarted gateway's new socket
 
 A model spec is what an environment's role names (`ModelRole.model`): `local` is the offline Gemma
 server (`shared_local_server`, held while a live grant names it), anything else an Inspect model
-(`openai/gpt-4o-mini`, `mockllm/model`). Backends are made once per spec.
+(`openai/gpt-4o-mini`, `mockllm/model`). Backends are made once per spec. Grants on held-out data
+(scorings, set-up builds: `held_out=True`) reach `local` through a server of their own, never the one
+the agent's side uses: llama.cpp's prompt cache would tell an agent which guesses of a held-out prompt
+it had already seen.
 
 A gateway thread that died is started again on the same socket path by the next `grant` or `ensure`
 (the harness calls it before each of the agent's commands and each scoring), with every live grant
@@ -33,7 +36,8 @@ from openrebench.base import OpenRebenchError
 from ._backends import ModelBackend, OpenAICompatibleBackend
 from ._inspect import InspectBackend
 from ._likelihood import Likelihood, LocalModelBackend
-from ._local_share import LocalEndpoint, shared_local_server
+from ._local import MODEL_NAME
+from ._local_share import HELD_OUT_SERVER, OPEN_SERVER, LocalEndpoint, shared_local_server
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 
 logger = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ class _Live:
     run_id: str
     phase: str | None
     socket_path: Path  # the grant's own socket (kept over restarts: a sandbox binds its folder)
+    held_out: bool = False  # its calls carry held-out data: the offline model's held-out server
 
 
 class ModelService:
@@ -71,12 +76,12 @@ class ModelService:
         self._lock = threading.RLock()
         self._root: Path | None = None
         self._thread: GatewayThread | None = None
-        self._models: dict[str, RoleModel] = {}  # by spec, made for the serving gateway's loop
+        self._models: dict[tuple[str, bool], RoleModel] = {}  # by (spec, held out), for the serving loop
         self._custom: dict[str, RoleModel] = {}  # by spec, added by `add_backend`: kept over restarts
         self._live: dict[str, _Live] = {}  # by token
         self._grants: dict[str, Grant] = {}  # by token: the serving gateway's
-        self._local = contextlib.ExitStack()
-        self._endpoint: LocalEndpoint | None = None
+        self._local = {side: contextlib.ExitStack() for side in (False, True)}  # by held out
+        self._endpoint: dict[bool, LocalEndpoint] = {}
         self._likelihood = Likelihood()  # the offline model's echo, loaded on its first request
         self._keeping = 0  # `keep_local` holds: the offline model stays between grants while any is held
         self._closed = False
@@ -109,29 +114,40 @@ class ModelService:
 
     # -- backends -------------------------------------------------------------------------------------
 
-    def role_model(self, spec: str) -> RoleModel:
-        """The backend, name and price behind a model spec (`local`, or an Inspect model name)."""
+    def role_model(self, spec: str, *, held_out: bool = False) -> RoleModel:
+        """The backend, name and price behind a model spec (`local`, or an Inspect model name); `local`
+        for grants on held-out data is the held-out server (`HELD_OUT_SERVER`)."""
         with self._lock:
             if spec in self._custom:
                 return self._custom[spec]
-            found = self._models.get(spec)
+            held_out = held_out and spec == LOCAL_MODEL  # only the local server is ours to split
+            found = self._models.get((spec, held_out))
             if found is None:
                 if spec == LOCAL_MODEL:
-                    if self._endpoint is None:
-                        self._endpoint = self._local.enter_context(shared_local_server())
-                    e = self._endpoint
+                    e = self._endpoint.get(held_out)
+                    if e is None:
+                        name = HELD_OUT_SERVER if held_out else OPEN_SERVER
+                        e = self._endpoint[held_out] = self._local[held_out].enter_context(
+                            shared_local_server(name=name))
                     upstream = OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
                                                        usage_counts_one_choice=True, capacity=e.parallel)
                     found = RoleModel(LocalModelBackend(upstream, self._likelihood), e.model, FREE)
                 else:
                     found = RoleModel(InspectBackend(spec), spec)
-                self._models[spec] = found
+                self._models[(spec, held_out)] = found
             return found
 
     def backend(self, spec: str) -> tuple[ModelBackend, str]:
-        """The backend of a model spec, and the model name clients see."""
+        """The backend of a model spec (the agent's side), and the model name clients see."""
         found = self.role_model(spec)
         return found.backend, found.model_name
+
+    def model_name(self, spec: str) -> str:
+        """The name clients see for a model spec, without starting its backend."""
+        with self._lock:
+            if spec in self._custom:
+                return self._custom[spec].model_name
+        return MODEL_NAME if spec == LOCAL_MODEL else spec
 
     def add_backend(self, spec: str, backend: ModelBackend, model_name: str | None = None,
                     price: Mapping[str, float] | None = None) -> None:
@@ -173,19 +189,21 @@ class ModelService:
 
     def _register(self, live: _Live) -> Grant:
         assert self._thread is not None
-        roles = {role: self.role_model(spec) for role, spec in live.models.items()}
+        roles = {role: self.role_model(spec, held_out=live.held_out) for role, spec in live.models.items()}
         return self._thread.gateway.grant(live.token, roles=roles, usage_path=live.usage_path,
                                           budget=live.budget, run_id=live.run_id, phase=live.phase,
                                           socket_path=live.socket_path)
 
     def grant(self, run_path: Path, models: Mapping[str, str], budget: Budget | None = None, *,
-              phase: str | None = None, run_id: str | None = None) -> Grant:
+              phase: str | None = None, run_id: str | None = None, held_out: bool = False) -> Grant:
         """Let a new token use `models` (role: spec) within `budget`, logging to the run's
         `gateway/usage.jsonl`; each grant spends its own budget (the rows of its `run_id`). The grant's
-        own socket (`Grant.socket_dir`) is what a sandbox is shown."""
+        own socket (`Grant.socket_dir`) is what a sandbox is shown. `held_out`: its calls carry held-out
+        data (a scoring, a build): the offline model's server is one the agent's side never reaches."""
         with self._lock:
             live = _Live(secrets.token_urlsafe(32), dict(models), Path(run_path) / USAGE_LOG,
-                         budget or Budget(), run_id or Path(run_path).name, phase, self._new_socket_path())
+                         budget or Budget(), run_id or Path(run_path).name, phase, self._new_socket_path(),
+                         held_out)
             self.ensure()
             grant = self._register(live)
             self._live[live.token] = live
@@ -224,19 +242,26 @@ class ModelService:
                 self._release_local()
 
     def _release_local(self) -> None:
-        """Let the local model server go once no live grant names it and nothing keeps it (`keep_local`):
-        it is shared, so it stops only when no other user (an agent's `--model local`, another process)
-        holds it either."""
-        if self._keeping or self._endpoint is None or any(
-                LOCAL_MODEL in live.models.values() for live in self._live.values()):
+        """Let each local model server go once no live grant of its side names it and nothing keeps it
+        (`keep_local`): it is shared, so it stops only when no other user (an agent's `--model local`,
+        another process) holds it either. The judge's weights go with the last of them."""
+        if self._keeping:
             return
-        found = self._models.pop(LOCAL_MODEL, None)
-        if found is not None and self._thread is not None:
-            self._thread.gateway.forget(found.backend)
-        self._local.close()
-        self._local = contextlib.ExitStack()
-        self._endpoint = None
-        self._likelihood.unload()
+        released = False
+        for held_out in (False, True):
+            if held_out not in self._endpoint or any(
+                    LOCAL_MODEL in live.models.values() and live.held_out == held_out
+                    for live in self._live.values()):
+                continue
+            found = self._models.pop((LOCAL_MODEL, held_out), None)
+            if found is not None and self._thread is not None:
+                self._thread.gateway.forget(found.backend)
+            self._local[held_out].close()
+            self._local[held_out] = contextlib.ExitStack()
+            del self._endpoint[held_out]
+            released = True
+        if released and not self._endpoint:
+            self._likelihood.unload()
 
     def stop(self) -> None:
         """Stop serving (as a crash would, but cleanly): the next `ensure` starts it again."""
@@ -252,8 +277,9 @@ class ModelService:
                 with contextlib.suppress(Exception):
                     self._thread.stop()
                 self._thread = None
-            self._local.close()
-            self._endpoint = None
+            for stack in self._local.values():
+                stack.close()
+            self._endpoint.clear()
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
 

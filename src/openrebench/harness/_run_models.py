@@ -144,7 +144,7 @@ class RunModels:
         if path.exists():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        served = {role: self.service.backend(spec)[1] for role, spec in self.models.items()}
+        served = {role: self.service.model_name(spec) for role, spec in self.models.items()}
         scoring = self.scoring_budget or self.budget
         record = {"models": self.models, "served_as": served, "descriptions": self.descriptions,
                   "budget": dataclasses.asdict(self.budget), "scoring_budget": dataclasses.asdict(scoring)}
@@ -172,7 +172,7 @@ class RunModels:
         phase = BUILD if build else SCORING
         run_id = f"{run.path.name}/{phase}-{secrets.token_hex(4)}"
         budget = Budget() if build else self.scoring_budget or self.budget
-        grant = self.service.grant(run.path, self.models, budget, phase=phase, run_id=run_id)
+        grant = self.service.grant(run.path, self.models, budget, phase=phase, run_id=run_id, held_out=True)
         self._record(run)
         log = run.path / USAGE_LOG
         start = log.stat().st_size if log.exists() else 0
