@@ -90,16 +90,21 @@ def _gone(pids: list[int], within_s: float = 2.0) -> bool:
     return not any(_alive(p) for p in pids)
 
 
-def _chain_alive(marker: str) -> list[int]:
-    """Pids of processes still running the program in `marker` (the chain's successors change pid)."""
-    found = []
-    with contextlib.suppress(OSError), os.scandir("/proc") as procs:
-        for e in procs:
-            if e.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if marker in os.readlink(f"/proc/{e.name}/exe") and _alive(int(e.name)):
-                        found.append(int(e.name))
-    return found
+def _chain_alive(marker: str, looks: int = 5) -> list[int]:
+    """Pids of processes running the program in `marker`, seen in any of `looks` scans of /proc 50 ms
+    apart: the chain's successors change pid every 20 ms, and one scan can pass a member's pid just
+    before it is born."""
+    found: set[int] = set()
+    for look in range(looks):
+        with contextlib.suppress(OSError), os.scandir("/proc") as procs:
+            for e in procs:
+                if e.name.isdigit():
+                    with contextlib.suppress(OSError):
+                        if marker in os.readlink(f"/proc/{e.name}/exe") and _alive(int(e.name)):
+                            found.add(int(e.name))
+        if look < looks - 1:
+            time.sleep(0.05)
+    return sorted(found)
 
 
 @pytest.fixture(scope="module")
