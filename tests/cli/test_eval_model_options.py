@@ -207,3 +207,34 @@ def test_an_unreachable_provider_ends_the_attempt_with_its_error_in_bounded_time
     assert spec.model == MODEL and spec.model_base_url == url and spec.model_args == {"responses_api": False}
     config = spec.model_generate_config
     assert (config.max_retries, config.timeout, config.max_connections) == (0, 5, 2)
+
+
+def test_an_eval_keeps_the_offline_model_only_where_a_role_it_runs_uses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`eval` holds the offline model for its whole length (`keep_local`) when one of its environments'
+    roles uses it on the eval's tier, with the eval's model choices applied; not otherwise."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from openrebench.cli import _eval
+    from openrebench.gateway import _service
+
+    held: list[int] = []
+
+    @contextlib.contextmanager
+    def keep(self: Any) -> Iterator[None]:
+        held.append(1)
+        yield
+
+    monkeypatch.setattr(_service.ModelService, "keep_local", keep)
+
+    def keeps(ids: list[str], env_models: dict[str, dict[str, str]] | None = None) -> bool:
+        held.clear()
+        plan: Any = SimpleNamespace(ids=ids, tier="mini", env_models=env_models or {})
+        with _eval._keeping_local(plan):
+            pass
+        return bool(held)
+
+    assert keeps(["optimize_kernel", "rust_codecontests"])  # its task model is `local` on mini
+    assert not keeps(["optimize_kernel", "scaling_law"])  # no roles at all
+    assert not keeps(["rust_codecontests"], {"rust_codecontests": {"task_model": MODEL}})

@@ -237,11 +237,10 @@ def _keeping_local(plan: _Plan) -> contextlib.AbstractContextManager[Any]:
     rust_codecontests' task model): otherwise each scoring would start its server again and reload the
     judge's weights (several seconds each on a small CPU)."""
     from openrebench.api import LOCAL_MODEL
+    from openrebench.runs import tier_models
 
     def uses_local(env_id: str) -> bool:
-        roles = get_env(env_id).tier(plan.tier).models
-        overrides = plan.env_models.get(env_id) or {}
-        return any(str(overrides.get(role, r.model)) == LOCAL_MODEL for role, r in roles.items())
+        return LOCAL_MODEL in tier_models(get_env(env_id), plan.tier, plan.env_models.get(env_id)).values()
 
     if not any(uses_local(e) for e in plan.ids):
         return contextlib.nullcontext()

@@ -12,6 +12,7 @@ from ._calibration import (
     find_record,
     save_record,
     shipped_calibration_dir,
+    tier_models,
     user_calibration_dir,
 )
 from ._files import install_reference, place, protected_leaks, run_files
@@ -68,5 +69,6 @@ __all__ = [
     "snapshot_workspace",
     "start_run",
     "tier_hardware_problem",
+    "tier_models",
     "user_calibration_dir",
 ]
