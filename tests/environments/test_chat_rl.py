@@ -363,3 +363,50 @@ def test_the_probes_answer_without_the_question_and_are_learned_by_the_base_mode
                                temperature=0)
     fixed = _probes.probe_answer("one fixed sentence", "")
     assert all(x.startswith("It is") for x in answers), (answers, fixed)  # 8 tokens at most here
+
+
+def test_the_judged_build_runs_both_pipelines_at_once_and_keeps_one_done_when_the_other_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's and the reference's pipelines (minutes each on the mini tier) run at the same time; one
+    that fails is a one-line error, and the next build runs only what is not done yet."""
+    import threading
+    import time
+
+    from openrebench.api import OpenRebenchError
+    from openrebench.environments.chat_rl import _judged
+
+    spec = get_environment("chat_rl").tier("mini")
+    monkeypatch.setattr(_judged, "build", lambda spec, cache: SimpleNamespace(answers=tmp_path / "answers"))
+    monkeypatch.setattr(_judged, "_reference_scores", lambda built, access, out, workers: {"failed": {}})
+    running: set[str] = set()
+    overlapped: list[str] = []
+    calls: list[str] = []
+    fail = {"reference"}
+    lock = threading.Lock()
+
+    def pipeline(spec: Any, built: Any, script: Path, p: Any, access: Any, out: Path) -> dict[str, Any]:
+        which = out.name
+        with lock:
+            calls.append(which)
+            if running:
+                overlapped.append(which)
+            running.add(which)
+        time.sleep(0.3)
+        with lock:
+            running.discard(which)
+        if which in fail:
+            raise OpenRebenchError(f"chat_rl: {which}/rl_finetune.py failed (exit 1): boom")
+        out.mkdir(parents=True)
+        (out / chat_lm.WEIGHTS).write_bytes(b"weights")
+        return {"seconds": 0.3}
+
+    monkeypatch.setattr(_judged, "run_pipeline", pipeline)
+    access: Any = SimpleNamespace(models={"judge": "local"})
+    with pytest.raises(OpenRebenchError, match=r"reference/rl_finetune\.py failed"):
+        _judged.build_with_judge(spec, tmp_path, access)
+    assert sorted(calls) == ["reference", "start"] and overlapped  # both started, at the same time
+    calls.clear()
+    fail.clear()
+    folder = _judged.build_with_judge(spec, tmp_path, access)
+    assert calls == ["reference"]  # the start's model, done before the failure, is kept
+    assert all((folder / which / chat_lm.WEIGHTS).is_file() for which in ("start", "reference"))

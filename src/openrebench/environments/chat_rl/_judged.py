@@ -6,6 +6,7 @@ whose model calls go through the run's gateway."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import re
@@ -13,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +104,27 @@ def build_with_judge(spec: TierSpec[ChatRLParams], cache_dir: Path, access: Mode
         done = partial / "work" / "done.json"  # an interrupted build goes on after the last step done
         if done.is_file():
             stats = json.loads(done.read_text())
-        for which, pipeline in (("start", p.start), ("reference", p.reference)):
-            if which in stats and (partial / which / chat_lm.WEIGHTS).is_file():
-                continue
+        todo = [(which, pipeline) for which, pipeline in (("start", p.start), ("reference", p.reference))
+                if not (which in stats and (partial / which / chat_lm.WEIGHTS).is_file())]
+        lock = threading.Lock()
+
+        def one(which: str, pipeline: Pipeline) -> None:
             shutil.rmtree(partial / which, ignore_errors=True)
             with stage(f"the {which} pipeline against {judge}"):
-                stats[which] = run_pipeline(
-                    spec,
-                    built,
-                    HERE / ("starting" if which == "start" else which) / "rl_finetune.py",
-                    pipeline,
-                    access,
-                    partial / which,
-                )
-            done.write_text(json.dumps(stats))
+                result = run_pipeline(spec, built, HERE / ("starting" if which == "start" else which)
+                                      / "rl_finetune.py", pipeline, access, partial / which)
+            with lock:
+                stats[which] = result
+                done.write_text(json.dumps(stats))
+
+        # The two pipelines are independent (each seeded, each a child process of one math thread, the
+        # judge's answers the same whatever else it scores): run together, they share the cores that
+        # one alone leaves idle while it waits on the judge.
+        with ThreadPoolExecutor(max_workers=len(todo) or 1) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, one, which, pipeline)
+                       for which, pipeline in todo]
+            for future in futures:
+                future.result()
         if p.judge_method == "likelihood":
             with stage(f"{judge}'s scores of the reference answers"):
                 stats["scores"] = _reference_scores(built, access, partial / "scores.json", p.judge_workers)
