@@ -45,8 +45,9 @@ def mlm_home(lm_home: Path, lm_sources: Path) -> Iterator[Path]:
     reference reads about 1 and the oracle stops after one scoring, as it does on the real tier."""
     spec = RestrictedMLM.tiers["mini"]
     p = spec.params
-    params = p.model_copy(update={"train_start": {**p.train_start, "max_iters": 25},
-                                  "train_reference": {**p.train_reference, "max_iters": 25}})
+    # Trained for seconds, on one thread each (the tier's two for the reference wait on a busy machine).
+    params = p.model_copy(update={"train_start": {**p.train_start, "max_iters": 25, "threads": 1},
+                                  "train_reference": {**p.train_reference, "max_iters": 25, "threads": 1}})
     shortened = NormConstants(start=1.91, reference=0.85, source="the test's shortened models")
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(RestrictedMLM.tiers, "mini", spec.model_copy(
@@ -384,3 +385,34 @@ def test_failures_on_heldout_text_give_a_fixed_message(run: Run, monkeypatch: py
     expected = scorer.HELDOUT_FAILURE if failure == "error" else "of another shape on held-out text"
     assert expected in result.message and "index" not in result.message
     assert not any(c.isdigit() for c in result.message.replace("(16, 128, 4096)", ""))
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_the_mini_reference_trains_on_two_threads_at_most_and_never_more_than_the_cores(
+        cores: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mini reference model (a minute of training at set-up) splits well over two threads; the
+    starting model stays on one; a machine with fewer usable cores trains on what it has."""
+    import subprocess
+
+    from openrebench.environments.restricted_mlm import _assets
+    from openrebench.lm import AssetError
+
+    commands: list[list[str]] = []
+
+    class Refused(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, command: list[str], **kw: Any) -> None:
+            commands.append(command)
+            raise AssetError("not trained here")
+
+    monkeypatch.setattr(_assets, "usable_cores", lambda: cores)
+    monkeypatch.setattr(_assets.subprocess, "Popen", Refused)
+    from openrebench.environments.restricted_mlm.env import MINI
+
+    spec = RestrictedMLM.tiers["mini"].model_copy(update={"params": MINI})  # the tier's, not this module's
+    (tmp_path / "data").mkdir()
+    manifest: Any = type("M", (), {"key": lambda self: {}})()
+    for which in ("reference", "starting"):
+        with pytest.raises(AssetError):
+            _assets._trained(which, spec, tmp_path / "data", manifest, tmp_path)  # type: ignore[arg-type]
+    reference, starting = ([a for a in c if a.startswith("--threads=")] for c in commands)
+    assert reference == [f"--threads={min(2, cores)}"] and starting == ["--threads=1"]

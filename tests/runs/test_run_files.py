@@ -136,7 +136,7 @@ def _shorter(env_id: str, params: Any) -> Any:
     the procedure), chat_rl's tiny tier (as its own tests). fix_embedding keeps its models, shared with
     its own tests."""
     if env_id == "restricted_mlm":
-        return params.model_copy(update={k: {**getattr(params, k), "max_iters": 25}
+        return params.model_copy(update={k: {**getattr(params, k), "max_iters": 25, "threads": 1}
                                          for k in ("train_start", "train_reference")})
     if env_id == "chat_rl":
         from chat_rl_support import TINY
