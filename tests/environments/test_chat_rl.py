@@ -104,6 +104,19 @@ def test_the_tiers_base_pretrains_on_two_threads_a_tiny_one_on_one(monkeypatch: 
     assert _assets.pretraining_threads(mini) == 1  # one core: one thread
 
 
+def test_finetuning_a_small_model_runs_on_one_thread_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """chat_lm keeps a small model's finetuning on one thread (on shared cores a second one waits); the SFT
+    reference at set-up asks for the pretraining's threads, its batches being as large."""
+    model = torch.nn.Linear(4, 4)
+    seen: list[int] = []
+    monkeypatch.setattr(chat_lm, "_finetune", lambda *a, **kw: seen.append(torch.get_num_threads()) or [])
+    before = torch.get_num_threads()
+    chat_lm.finetune(model, None, [])  # type: ignore[arg-type]
+    chat_lm.finetune(model, None, [], threads=2)  # type: ignore[arg-type]
+    assert seen == [1, 2] and torch.get_num_threads() == before
+
+
 def test_the_split_is_stable_and_by_key() -> None:
     examples = [data.Example(f"q{i}", "a", "define", f"w{i}") for i in range(300)]
     again = [data.Example(f"Q{i}?", "b", "part", f"w{i}") for i in range(300)]

@@ -97,7 +97,8 @@ PRETRAIN_TWO_THREADS = 500_000  # parameters: a base model this large pretrains 
 
 
 def pretraining_threads(p: ChatRLParams) -> int:
-    """Math threads for pretraining a base model on a CPU: two where the model is large enough to split
+    """Math threads for training a base model on a CPU at set-up (pretraining, then the SFT reference,
+    on batches as large): two where the model is large enough to split
     (the mini tier's, 1.8M parameters on batches of 16 x 128 tokens: 40 steps in 13.5-14.1 s against
     23.2-25.4 s on one thread, a quiet 2-core Xeon), one for a smaller one (the tests': its ops are too
     small to split, and on cores other work shares a second thread waits, see chat_lm.cpu_threads); never
@@ -306,6 +307,7 @@ def _sft(spec: TierSpec[ChatRLParams], cache_dir: Path, built: dict[str, Path]) 
                 learning_rate=p.sft_lr,
                 mask_prompt=True,
                 seed=0,
+                threads=pretraining_threads(p),  # batches as large as pretraining's: they split as well
             )
         chat_lm.save_model(model.cpu(), partial)
         return {}, {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / len(losses[-10:])}
