@@ -712,3 +712,18 @@ def test_the_offline_model_stays_between_grants_while_kept_and_goes_after(
         assert (len(starts), len(stops), len(unloads)) == (2, 2, 2)  # let go once the hold ends
     finally:
         service.close()
+
+
+def test_a_models_name_is_known_without_starting_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run's grant.json records as served (`served_as`) costs no server start: the offline model's
+    name is its own, a custom backend's the name it was added with, an Inspect model's its spec."""
+    from openrebench.gateway import _service
+
+    monkeypatch.setattr(_service, "shared_local_server", lambda **kw: pytest.fail("a server was started"))
+    service = _service.ModelService()
+    try:
+        service.add_backend("mine", FakeBackend(0.0), "fake/model")
+        assert [service.model_name(s) for s in ("local", "mine", "openai/gpt-4o-mini")] == [
+            "gemma-3-270m", "fake/model", "openai/gpt-4o-mini"]
+    finally:
+        service.close()

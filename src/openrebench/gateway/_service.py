@@ -137,11 +137,6 @@ class ModelService:
                 self._models[(spec, held_out)] = found
             return found
 
-    def backend(self, spec: str) -> tuple[ModelBackend, str]:
-        """The backend of a model spec (the agent's side), and the model name clients see."""
-        found = self.role_model(spec)
-        return found.backend, found.model_name
-
     def model_name(self, spec: str) -> str:
         """The name clients see for a model spec, without starting its backend."""
         with self._lock:
