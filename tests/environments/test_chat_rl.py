@@ -99,9 +99,9 @@ def test_the_tiers_base_pretrains_on_two_threads_a_tiny_one_on_one(monkeypatch: 
     one, and never more than two, whatever the machine's cores (the model then does not depend on them)."""
     mini = get_environment("chat_rl").tier("mini").params
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert (_assets.pretraining_threads(mini), _assets.pretraining_threads(TINY)) == (2, 1)
+    assert (_assets.training_threads(mini), _assets.training_threads(TINY)) == (2, 1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert _assets.pretraining_threads(mini) == 1  # one core: one thread
+    assert _assets.training_threads(mini) == 1  # one core: one thread
 
 
 def test_finetuning_a_small_model_runs_on_one_thread_unless_told_otherwise(

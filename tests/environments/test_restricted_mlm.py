@@ -8,6 +8,7 @@ in the shipped calibration record); the rules themselves are tested in-process, 
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -404,7 +405,7 @@ def test_the_mini_reference_trains_on_two_threads_at_most_and_never_more_than_th
             commands.append(command)
             raise AssetError("not trained here")
 
-    monkeypatch.setattr(_assets, "usable_cores", lambda: cores)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     monkeypatch.setattr(_assets.subprocess, "Popen", Refused)
     from openrebench.environments.restricted_mlm.env import MINI
 

@@ -14,6 +14,8 @@ def cache_dir() -> Path:
     return path
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the platform tells it, else all)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def usable_cores(at_most: int | None = None) -> int:
+    """The CPU cores this process may run on (its affinity where the platform tells it, else all), or
+    `at_most` where that is fewer: the threads a job asks for, never more than it can use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, at_most) if at_most is not None else cores

@@ -79,8 +79,7 @@ CHAT_TEMPLATE = (
 
 def default_threads() -> int:
     """At most 4: a 270M model gains little beyond, and the harness and scorer need cores too."""
-    cores = usable_cores()
-    return min(4, cores)
+    return usable_cores(at_most=4)
 
 
 # ---------------------------------------------------------------------------------------- one server

@@ -93,10 +93,10 @@ def _tokenizer(spec: TierSpec[ChatRLParams], cache_dir: Path) -> tuple[Path, Any
     return folder, data
 
 
-PRETRAIN_TWO_THREADS = 500_000  # parameters: a base model this large pretrains on two CPU threads
+TRAIN_TWO_THREADS = 500_000  # parameters: a model this large trains at set-up on two CPU threads
 
 
-def pretraining_threads(p: ChatRLParams) -> int:
+def training_threads(p: ChatRLParams) -> int:
     """Math threads for training a base model on a CPU at set-up (pretraining, then the SFT reference,
     on batches as large): two where the model is large enough to split
     (the mini tier's, 1.8M parameters on batches of 16 x 128 tokens: 40 steps in 13.5-14.1 s against
@@ -104,8 +104,7 @@ def pretraining_threads(p: ChatRLParams) -> int:
     small to split, and on cores other work shares a second thread waits, see chat_lm.cpu_threads); never
     more than two, so a machine's core count beyond that does not change the model."""
     params = p.n_layer * 12 * p.n_embd**2 + p.vocab_size * p.n_embd
-    cores = usable_cores()
-    return min(2, cores) if params >= PRETRAIN_TWO_THREADS else 1
+    return usable_cores(at_most=2) if params >= TRAIN_TWO_THREADS else 1
 
 
 @contextlib.contextmanager
@@ -175,7 +174,7 @@ def _base(spec: TierSpec[ChatRLParams], cache_dir: Path, data: Any) -> Path:
         seed=11,
         compile=p.device == "cuda",
     )
-    with _threads(p.device, pretraining_threads(p)):
+    with _threads(p.device, training_threads(p)):
         trained = build_trained_model(
             f"chatrl-{spec.name}-pretrained",
             model_config,
@@ -307,7 +306,7 @@ def _sft(spec: TierSpec[ChatRLParams], cache_dir: Path, built: dict[str, Path]) 
                 learning_rate=p.sft_lr,
                 mask_prompt=True,
                 seed=0,
-                threads=pretraining_threads(p),  # batches as large as pretraining's: they split as well
+                threads=training_threads(p),  # batches as large as pretraining's: they split as well
             )
         chat_lm.save_model(model.cpu(), partial)
         return {}, {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / len(losses[-10:])}

@@ -123,7 +123,7 @@ def _trained(which: Literal["starting", "reference"], spec: TierSpec[RestrictedM
                 os.symlink(data / name, work / "data" / name)
         # The tier's thread count, never more than the cores this process may use: the mini reference
         # trains on two (63 s against 100 s on one, a quiet 2-core Xeon); the starting model, small, on one.
-        run = {**overrides, **({"threads": min(int(overrides["threads"]), usable_cores())}
+        run = {**overrides, **({"threads": usable_cores(at_most=int(overrides["threads"]))}
                                if overrides.get("threads") else {})}
         args = [f"--{k}={v}" for k, v in run.items()]
         log = partial / "train.log"
