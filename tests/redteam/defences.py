@@ -57,11 +57,11 @@ def _gateway_reservation(mp: pytest.MonkeyPatch) -> None:
 
 
 def _held_out_server(mp: pytest.MonkeyPatch) -> None:
-    """Scorings and the agent reach the offline model through one server (as before class 3's test of
-    the model server's cache)."""
+    """Scorings, and the agent, reach the offline model through one shared server (as before class 3's
+    tests of the model server's cache)."""
     from openrebench.gateway import _service
 
-    mp.setattr(_service, "HELD_OUT_SERVER", _service.OPEN_SERVER)
+    mp.setattr(_service, "OWN_HELD_OUT_SERVERS", False)
 
 
 def _reply_cap(mp: pytest.MonkeyPatch) -> None:
@@ -135,8 +135,9 @@ SWITCHES: dict[str, Switch] = {
     "own-reserve": Switch("each score log keeps its reserve allocated past its own end", _own_reserve),
     "per-test-cgroup": Switch("each rust_codecontests test's program, and the scaffold's host, in a cgroup "
                               "of its own, killed whole when it ends", _per_test_cgroup),
-    "held-out-server": Switch("scorings reach the offline model through a server the agent's side never "
-                              "reaches (its prompt cache holds held-out text)", _held_out_server),
+    "held-out-server": Switch("each scoring reaches the offline model through a server of its own, which "
+                              "neither the agent nor another scoring reaches (its prompt cache holds "
+                              "held-out text)", _held_out_server),
     "judge-shown-answers": Switch("answers shown to the prompted judge without chat-template tokens, section "
                                   "marks or label letters", _shown_answers),
     "score-socket-cap": Switch("a run's score socket serves at most MAX_CONNECTIONS connections at once",

@@ -709,3 +709,47 @@ def test_the_agent_cannot_read_a_scorings_prompts_from_the_offline_models_cache(
     finally:
         models.close()
         service.close()
+
+
+@attack(env="gateway", cls="held-out data through the model server's cache", invariant=3,
+        defence="held-out-server")
+def test_a_scoring_cannot_read_another_scorings_prompts_from_the_offline_models_cache(tmp_path: Path) -> None:
+    """The same probe from inside a scoring: code that runs during a scoring (a scaffold) asks which of
+    its guesses of another scoring's held-out prompt the model server kept, and carries what it learns
+    out through its own score. Each scoring reaches a server of its own, started for its grant and gone
+    with it: nothing of an earlier scoring is kept, nor of one running beside it. (The probe works
+    within one scoring: its own repeated prompt is found kept.)"""
+    from types import SimpleNamespace
+
+    from openrebench.gateway import ModelService
+    from openrebench.harness._run_models import RunModels
+
+    service = ModelService()
+    models = RunModels({"task_model": "local"}, Budget(tokens=100_000), service=service)
+    first: Any = SimpleNamespace(path=tmp_path / "run-1")
+    second: Any = SimpleNamespace(path=tmp_path / "run-2")  # another run of the same eval
+    held_out = "Problem 9 (held out): the least k such that the k-th Fibonacci number ends in n zeros. " * 5
+    own = "The scaffold's own prompt, sent twice, long enough to be kept by the server's cache. " * 5
+
+    def cached(token: str, text: str) -> int:
+        transport = httpx.HTTPTransport(uds=str(service.socket_path))
+        client = openai.OpenAI(base_url="http://gateway/v1", api_key=token, max_retries=0,
+                               http_client=httpx.Client(transport=transport))
+        out = client.completions.create(model="task_model", max_tokens=1, prompt=text)
+        details = out.usage.prompt_tokens_details if out.usage else None
+        return (details.cached_tokens or 0) if details else 0
+
+    try:
+        with service.keep_local(), models.scoring(first, False) as earlier:
+            cached(earlier.env["OPENAI_API_KEY"], held_out)
+            with models.scoring(second, False) as beside:  # at the same time, as two runs' scorings may be
+                during = cached(beside.env["OPENAI_API_KEY"], held_out)
+            with models.scoring(second, False) as later:
+                after = cached(later.env["OPENAI_API_KEY"], held_out)
+                cached(later.env["OPENAI_API_KEY"], own)
+                assert cached(later.env["OPENAI_API_KEY"], own) > 0  # the probe reads its server's cache
+        assert during == 0 and after == 0, (
+            f"{during} and {after} tokens of another scoring's held-out prompt were found kept")
+    finally:
+        models.close()
+        service.close()

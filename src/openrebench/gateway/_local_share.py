@@ -34,10 +34,10 @@ from ._local_file import _flock, _gguf_package, local_model_path
 OPEN_SERVER = "local-model"
 """The server of the agent's side: its own model (`--model local`) and its grants' calls."""
 HELD_OUT_SERVER = "local-model-held-out"
-"""The server of scorings and set-up builds, whose prompts carry held-out data: llama.cpp keeps recent
-prompts (a slot's KV cache, its prompt cache in RAM) and says how much of a new prompt it found there
-(`cached_tokens`, and a faster answer), so a server the agent also reaches would let it test guesses of
-held-out text. No request of the agent's side reaches this one."""
+"""Where the servers of scorings and set-up builds, whose prompts carry held-out data, log: each such grant
+gets a server of its own (`ModelService`), never shared. llama.cpp keeps recent prompts (a slot's KV
+cache, its prompt cache in RAM) and says how much of a new prompt it found there (`cached_tokens`, and a
+faster answer), so a server that anything else reaches would let it test guesses of held-out text."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def shared_local_server(cache: Path | None = None, *, name: str = OPEN_SERVER,
     `local-model/users/`. The last user to leave, whichever process it is in, stops it; a server whose
     leaseholders all died stops itself; a state file whose server is gone is replaced. `options` go to
     `LocalModelServer` when this call starts the server (a running one is reused as it is). Servers of
-    another `name` share nothing with it: `HELD_OUT_SERVER` is the one whose cache holds held-out data.
+    another `name` share nothing with it.
     """
     folder = (cache or cache_dir()) / name
     endpoint = _acquire(folder, cache, options)

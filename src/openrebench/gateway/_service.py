@@ -7,10 +7,11 @@ alone, bound in (a folder, not the socket file: a restarted gateway's new socket
 
 A model spec is what an environment's role names (`ModelRole.model`): `local` is the offline Gemma
 server (`shared_local_server`, held while a live grant names it), anything else an Inspect model
-(`openai/gpt-4o-mini`, `mockllm/model`). Backends are made once per spec. Grants on held-out data
-(scorings, set-up builds: `held_out=True`) reach `local` through a server of their own, never the one
-the agent's side uses: llama.cpp's prompt cache would tell an agent which guesses of a held-out prompt
-it had already seen.
+(`openai/gpt-4o-mini`, `mockllm/model`). Backends are made once per spec. A grant on held-out data
+(a scoring, a set-up build: `held_out=True`) reaches `local` through a server of its own, started for it
+and stopped when it is revoked: llama.cpp keeps recent prompts and says how much of a new one it found
+kept, so a server shared with the agent's side, or with another scoring, would let the code that can
+reach it test guesses of a held-out prompt another grant had sent.
 
 A gateway thread that died is started again on the same socket path by the next `grant` or `ensure`
 (the harness calls it before each of the agent's commands and each scoring), with every live grant
@@ -19,6 +20,7 @@ registered again under its token: the usage logs are the budgets' memory, so not
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
@@ -26,17 +28,18 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from openrebench.api import LOCAL_MODEL
 from openrebench.base import OpenRebenchError
 
-from ._backends import ModelBackend, OpenAICompatibleBackend
+from ._backends import BackendUnavailable, ModelBackend, OpenAICompatibleBackend
 from ._inspect import InspectBackend
 from ._likelihood import Likelihood, LocalModelBackend
-from ._local import MODEL_NAME
+from ._local import MODEL_NAME, LocalModelServer
 from ._local_share import HELD_OUT_SERVER, OPEN_SERVER, LocalEndpoint, shared_local_server
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 
@@ -46,6 +49,9 @@ SOCKET_NAME = "gateway.sock"
 USAGE_LOG = Path("gateway") / "usage.jsonl"
 """Where in a run's directory its usage log lies."""
 FREE = {"input": 0.0, "output": 0.0}
+OWN_HELD_OUT_SERVERS = True
+"""Each held-out grant's `local` is a server of its own (False: the agent's side's shared one; the red
+team's `held-out-server` switch)."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,9 @@ class ModelService:
         self._custom: dict[str, RoleModel] = {}  # by spec, added by `add_backend`: kept over restarts
         self._live: dict[str, _Live] = {}  # by token
         self._grants: dict[str, Grant] = {}  # by token: the serving gateway's
-        self._local = {side: contextlib.ExitStack() for side in (False, True)}  # by held out
-        self._endpoint: dict[bool, LocalEndpoint] = {}
+        self._local = contextlib.ExitStack()  # the shared server of the agent's side, while held
+        self._endpoint: LocalEndpoint | None = None
+        self._held: dict[str, tuple[_OwnServer, RoleModel]] = {}  # by token: held-out grants' own servers
         self._likelihood = Likelihood()  # the offline model's echo, loaded on its first request
         self._keeping = 0  # `keep_local` holds: the offline model stays between grants while any is held
         self._closed = False
@@ -114,28 +121,40 @@ class ModelService:
 
     # -- backends -------------------------------------------------------------------------------------
 
-    def role_model(self, spec: str, *, held_out: bool = False) -> RoleModel:
-        """The backend, name and price behind a model spec (`local`, or an Inspect model name); `local`
-        for grants on held-out data is the held-out server (`HELD_OUT_SERVER`)."""
+    def role_model(self, spec: str) -> RoleModel:
+        """The backend, name and price behind a model spec (`local`, or an Inspect model name), as the
+        agent's side reaches it: `local` is the shared server."""
         with self._lock:
             if spec in self._custom:
                 return self._custom[spec]
-            held_out = held_out and spec == LOCAL_MODEL  # only the local server is ours to split
-            found = self._models.get((spec, held_out))
+            found = self._models.get(spec)
             if found is None:
                 if spec == LOCAL_MODEL:
-                    e = self._endpoint.get(held_out)
+                    e = self._endpoint
                     if e is None:
-                        name = HELD_OUT_SERVER if held_out else OPEN_SERVER
-                        e = self._endpoint[held_out] = self._local[held_out].enter_context(
-                            shared_local_server(name=name))
+                        e = self._endpoint = self._local.enter_context(shared_local_server(name=OPEN_SERVER))
                     upstream = OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
                                                        usage_counts_one_choice=True, capacity=e.parallel)
                     found = RoleModel(LocalModelBackend(upstream, self._likelihood), e.model, FREE)
                 else:
                     found = RoleModel(InspectBackend(spec), spec)
-                self._models[(spec, held_out)] = found
+                self._models[spec] = found
             return found
+
+    def _held_out_model(self, token: str) -> RoleModel:
+        """`local` for one held-out grant: a server of the grant's own (`_OwnServer`), stopped at
+        `revoke`; kept over a restart of the gateway."""
+        found = self._held.get(token)
+        if found is None:
+            own = _OwnServer()
+            found = self._held[token] = (own, RoleModel(LocalModelBackend(own, self._likelihood), MODEL_NAME,
+                                                        FREE))
+        return found[1]
+
+    def _model_of(self, live: _Live, spec: str) -> RoleModel:
+        if live.held_out and spec == LOCAL_MODEL and spec not in self._custom and OWN_HELD_OUT_SERVERS:
+            return self._held_out_model(live.token)
+        return self.role_model(spec)
 
     def model_name(self, spec: str) -> str:
         """The name clients see for a model spec, without starting its backend."""
@@ -184,7 +203,7 @@ class ModelService:
 
     def _register(self, live: _Live) -> Grant:
         assert self._thread is not None
-        roles = {role: self.role_model(spec, held_out=live.held_out) for role, spec in live.models.items()}
+        roles = {role: self._model_of(live, spec) for role, spec in live.models.items()}
         return self._thread.gateway.grant(live.token, roles=roles, usage_path=live.usage_path,
                                           budget=live.budget, run_id=live.run_id, phase=live.phase,
                                           socket_path=live.socket_path)
@@ -194,7 +213,7 @@ class ModelService:
         """Let a new token use `models` (role: spec) within `budget`, logging to the run's
         `gateway/usage.jsonl`; each grant spends its own budget (the rows of its `run_id`). The grant's
         own socket (`Grant.socket_dir`) is what a sandbox is shown. `held_out`: its calls carry held-out
-        data (a scoring, a build): the offline model's server is one the agent's side never reaches."""
+        data (a scoring, a build): `local` is a server of the grant's own, which nothing else reaches."""
         with self._lock:
             live = _Live(secrets.token_urlsafe(32), dict(models), Path(run_path) / USAGE_LOG,
                          budget or Budget(), run_id or Path(run_path).name, phase, self._new_socket_path(),
@@ -220,13 +239,22 @@ class ModelService:
                 live.socket_path.unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     live.socket_path.parent.rmdir()
+            self._stop_held_out(token)
             self._release_local()
+
+    def _stop_held_out(self, token: str) -> None:
+        found = self._held.pop(token, None)
+        if found is not None:
+            if self._thread is not None:
+                self._thread.gateway.forget(found[1].backend)
+            found[0].stop()
 
     @contextlib.contextmanager
     def keep_local(self) -> Iterator[None]:
-        """Keep the offline model (its server and the judge's weights) between this process's grants while
-        the context is held: an eval of several runs whose environments use it would otherwise start the
-        server and load the weights again for every scoring. Let go at the end as usual."""
+        """Keep the offline model (the agent's side's server and the judge's weights) between this
+        process's grants while the context is held: an eval of several runs whose environments use it would
+        otherwise start the server and load the weights again for every run. Let go at the end as usual.
+        (A held-out grant's own server goes with its grant whatever is kept.)"""
         with self._lock:
             self._keeping += 1
         try:
@@ -237,25 +265,23 @@ class ModelService:
                 self._release_local()
 
     def _release_local(self) -> None:
-        """Let each local model server go once no live grant of its side names it and nothing keeps it
-        (`keep_local`): it is shared, so it stops only when no other user (an agent's `--model local`,
-        another process) holds it either. The judge's weights go with the last of them."""
+        """Let the agent's side's local model server go once no live grant that reaches it remains and
+        nothing keeps it (`keep_local`): it is shared, so it stops only when no other user (an agent's
+        `--model local`, another process) holds it either. The judge's weights go once no server of ours
+        is left."""
         if self._keeping:
             return
-        released = False
-        for held_out in (False, True):
-            if held_out not in self._endpoint or any(
-                    LOCAL_MODEL in live.models.values() and live.held_out == held_out
-                    for live in self._live.values()):
-                continue
-            found = self._models.pop((LOCAL_MODEL, held_out), None)
+        if self._endpoint is not None and not any(
+                LOCAL_MODEL in live.models.values()
+                and not (live.held_out and OWN_HELD_OUT_SERVERS and LOCAL_MODEL not in self._custom)
+                for live in self._live.values()):
+            found = self._models.pop(LOCAL_MODEL, None)
             if found is not None and self._thread is not None:
                 self._thread.gateway.forget(found.backend)
-            self._local[held_out].close()
-            self._local[held_out] = contextlib.ExitStack()
-            del self._endpoint[held_out]
-            released = True
-        if released and not self._endpoint:
+            self._local.close()
+            self._local = contextlib.ExitStack()
+            self._endpoint = None
+        if self._endpoint is None and not self._held:
             self._likelihood.unload()
 
     def stop(self) -> None:
@@ -272,11 +298,64 @@ class ModelService:
                 with contextlib.suppress(Exception):
                     self._thread.stop()
                 self._thread = None
-            for stack in self._local.values():
-                stack.close()
-            self._endpoint.clear()
+            for own, _ in self._held.values():
+                own.stop()
+            self._held.clear()
+            self._local.close()
+            self._endpoint = None
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
+
+
+class _OwnServer:
+    """A held-out grant's own llama.cpp server, started by the first request that needs it (about a second
+    and a half once the model file is in the page cache; an echo needs none, the judge's weights answer it)
+    and stopped with the grant. Stands in for the upstream of `LocalModelBackend`."""
+
+    name = MODEL_NAME
+    usage_counts_one_choice = True
+
+    def __init__(self) -> None:
+        from openrebench.base import cache_dir
+
+        self._server = LocalModelServer(log_dir=cache_dir() / HELD_OUT_SERVER / "logs")
+        self.capacity = self._server.parallel
+        self._lock = threading.Lock()  # one start, and no stop in the middle of it
+        self._upstream: OpenAICompatibleBackend | None = None
+        self._stopped = False
+
+    def _started(self) -> OpenAICompatibleBackend:
+        with self._lock:
+            if self._stopped:
+                raise BackendUnavailable("the scoring's model server has been stopped (its grant ended)")
+            if self._upstream is None:
+                try:
+                    server = self._server.start()
+                except OpenRebenchError as e:
+                    raise BackendUnavailable(str(e)) from None
+                self._upstream = OpenAICompatibleBackend(server.base_url, MODEL_NAME, server.api_key,
+                                                         usage_counts_one_choice=True, capacity=self.capacity)
+            return self._upstream
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await (await asyncio.to_thread(self._started)).chat(body)
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await (await asyncio.to_thread(self._started)).complete(body)
+
+    async def stream(self, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        upstream = await asyncio.to_thread(self._started)
+        async for chunk in upstream.stream(kind, body):
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._upstream is not None:
+            await self._upstream.aclose()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._server.stop()
 
 
 _service: ModelService | None = None
