@@ -103,6 +103,29 @@ def test_sampling_stops_at_the_first_round_with_a_program_that_passes(
     assert len(calls) == 1 and answer.startswith(ref.HEAD)
 
 
+def test_repeated_samples_are_checked_once_and_still_vote(ref: ModuleType,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call's samples often repeat one another: each distinct program is compiled and tested once, and
+    the repeats still count as votes."""
+    checked: list[str] = []
+
+    async def passes_public(source: str, problem: dict[str, Any]) -> bool:
+        checked.append(source)
+        return "print" in source
+
+    programs = ['    println!("1");', '    println!("2");', '    println!("2");', "    let x = 1;"]
+
+    class Completions:
+        async def create(self, **kwargs: Any) -> Any:
+            return SimpleNamespace(choices=[SimpleNamespace(text=text) for text in programs])
+
+    monkeypatch.setattr(ref, "passes_public", passes_public)
+    client = SimpleNamespace(completions=Completions())
+    answer = asyncio.run(ref.generate_solution(client, asyncio.Semaphore(1), _problem("Print 2.")))
+    assert len(checked) == len(set(checked)) == 3
+    assert 'println!("2");' in answer  # two votes against one
+
+
 def test_the_mini_scoring_timeout_holds_both_batches_and_the_slowest_judging() -> None:
     """A scaffold may use each batch's whole time and return programs that each take their compile timeout
     or run every test near its limit: the scoring still ends inside the tier's limit, with a row."""

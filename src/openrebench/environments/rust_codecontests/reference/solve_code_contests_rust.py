@@ -217,8 +217,12 @@ async def generate_solution(client: AsyncOpenAI, semaphore: asyncio.Semaphore,
         except openai.APIError:
             continue
         first = first or (candidates[0] if candidates else "")
-        checks = await asyncio.gather(*(passes_public(c, problem) for c in candidates))
-        survivors += [c for c, ok in zip(candidates, checks, strict=True) if ok]
+        # Each distinct program checked once: a call's samples often repeat one another (about half of
+        # them on the mini tier), and rustc takes the cores the model server decodes on.
+        distinct = list(dict.fromkeys(candidates))
+        checks = await asyncio.gather(*(passes_public(c, problem) for c in distinct))
+        passed = {c for c, ok in zip(distinct, checks, strict=True) if ok}
+        survivors += [c for c in candidates if c in passed]
     if not survivors:
         return first
     votes = Counter(_normal(s) for s in survivors)
