@@ -714,6 +714,80 @@ def test_the_offline_model_stays_between_grants_while_kept_and_goes_after(
         service.close()
 
 
+def test_each_held_out_grant_has_a_server_of_its_own_started_when_needed_and_stopped_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scoring's grant reaches `local` through a server nothing else reaches (its prompt cache holds
+    held-out text): one per grant, even while the eval keeps the offline model, started by the first
+    request that needs it (a grant that only echoes, as chat_rl's judge does, starts none), gone with the
+    grant. The agent's side keeps the shared server."""
+    from types import SimpleNamespace
+
+    from openrebench.gateway import _service
+
+    made: list[str] = []
+    started: list[str] = []
+    stopped: list[str] = []
+
+    class FakeServer:
+        parallel = 4
+
+        def __init__(self, **kwargs: Any) -> None:
+            self.base_url, self.api_key = f"http://127.0.0.1:9/v{len(made) + 1}", "k"
+            made.append(self.base_url)
+
+        def start(self) -> Any:
+            started.append(self.base_url)
+            return self
+
+        def stop(self) -> None:
+            if self.base_url in started:
+                stopped.append(self.base_url)
+
+    class FakeUpstream:
+        def __init__(self, base_url: str, name: str, *args: Any, **kwargs: Any) -> None:
+            self.base_url, self.name, self.capacity = base_url, name, kwargs.get("capacity")
+            self.usage_counts_one_choice = True
+
+        async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+            return {"served_by": self.base_url}
+
+        async def aclose(self) -> None:
+            pass
+
+    monkeypatch.setattr(_service, "LocalModelServer", FakeServer)
+    monkeypatch.setattr(_service, "OpenAICompatibleBackend", FakeUpstream)
+    shared: list[int] = []
+
+    @contextlib.contextmanager
+    def fake_shared(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        shared.append(1)
+        yield SimpleNamespace(base_url="http://127.0.0.1:9/shared", model="gemma-3-270m", api_key="k",
+                              parallel=4)
+
+    monkeypatch.setattr(_service, "shared_local_server", fake_shared)
+    service = _service.ModelService()
+    try:
+        with service.keep_local():
+            agent = service.grant(tmp_path / "a", {"task_model": "local"})
+            one = service.grant(tmp_path / "a", {"task_model": "local"}, held_out=True)
+            two = service.grant(tmp_path / "b", {"task_model": "local"}, held_out=True)
+            assert started == []  # nothing asked yet
+            ask = {"prompt": "p", "max_tokens": 1}
+            served = [asyncio.run(g.roles["task_model"].backend.complete(ask))["served_by"]
+                      for g in (one, two, one)]
+            assert served[0] == served[2] != served[1] and started == served[:2]
+            agents = asyncio.run(agent.roles["task_model"].backend.complete(ask))
+            assert agents["served_by"].endswith("/shared")
+            service.revoke(one.token)
+            assert stopped == served[:1]  # gone with its grant, though the eval keeps the offline model
+            service.revoke(two.token)
+            assert stopped == served[:2]
+            service.revoke(agent.token)
+        assert shared == [1]
+    finally:
+        service.close()
+
+
 def test_a_models_name_is_known_without_starting_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a run's grant.json records as served (`served_as`) costs no server start: the offline model's
     name is its own, a custom backend's the name it was added with, an Inspect model's its spec."""

@@ -234,8 +234,9 @@ def eval_(
 
 def _keeping_local(plan: _Plan) -> contextlib.AbstractContextManager[Any]:
     """The offline model kept for the whole eval where an environment's role uses it (chat_rl's judge,
-    rust_codecontests' task model): otherwise each scoring would start its server again and reload the
-    judge's weights (several seconds each on a small CPU)."""
+    rust_codecontests' task model): otherwise each run would start the agent's side's server again and
+    each scoring reload the judge's weights (several seconds each on a small CPU). Each scoring's own
+    server, which holds its held-out prompts, is started and stopped with it all the same."""
     from openrebench.api import LOCAL_MODEL
     from openrebench.runs import tier_models
 
