@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from openrebench.api import LOCAL_MODEL
-from openrebench.base import OpenRebenchError
+from openrebench.base import OpenRebenchError, cache_dir
 
 from ._backends import BackendUnavailable, ModelBackend, OpenAICompatibleBackend
 from ._inspect import InspectBackend
@@ -316,8 +316,6 @@ class _OwnServer:
     usage_counts_one_choice = True
 
     def __init__(self) -> None:
-        from openrebench.base import cache_dir
-
         self._server = LocalModelServer(log_dir=cache_dir() / HELD_OUT_SERVER / "logs")
         self.capacity = self._server.parallel
         self._lock = threading.Lock()  # one start, and no stop in the middle of it
