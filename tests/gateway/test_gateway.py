@@ -788,6 +788,37 @@ def test_each_held_out_grant_has_a_server_of_its_own_started_when_needed_and_sto
         service.close()
 
 
+def test_a_scorings_server_that_cannot_start_is_a_backend_error_naming_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scoring's own server failing to start (no model file, a llama.cpp error) reaches the client as
+    the gateway's 503 with the server's one-line reason, and the grant still ends cleanly."""
+    from openrebench.base import OpenRebenchError
+    from openrebench.gateway import _backends, _service
+
+    class BrokenServer:
+        parallel = 4
+
+        def __init__(self, **kwargs: Any) -> None:
+            pass
+
+        def start(self) -> Any:
+            raise OpenRebenchError("the local model server exited (code 1) while loading x.gguf: bad magic")
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(_service, "LocalModelServer", BrokenServer)
+    service = _service.ModelService()
+    try:
+        grant = service.grant(tmp_path / "a", {"task_model": "local"}, held_out=True)
+        with pytest.raises(_backends.BackendUnavailable, match="bad magic") as failed:
+            asyncio.run(grant.roles["task_model"].backend.complete({"prompt": "p", "max_tokens": 1}))
+        assert failed.value.status == 503
+        service.revoke(grant.token)
+    finally:
+        service.close()
+
+
 def test_a_models_name_is_known_without_starting_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a run's grant.json records as served (`served_as`) costs no server start: the offline model's
     name is its own, a custom backend's the name it was added with, an Inspect model's its spec."""

@@ -308,8 +308,8 @@ class ModelService:
 
 
 class _OwnServer:
-    """A held-out grant's own llama.cpp server, started by the first request that needs it (about a second
-    and a half once the model file is in the page cache; an echo needs none, the judge's weights answer it)
+    """A held-out grant's own llama.cpp server, started by the first request that needs it (about two
+    seconds once the model file is in the page cache; an echo needs none, the judge's weights answer it)
     and stopped with the grant. Stands in for the upstream of `LocalModelBackend`."""
 
     name = MODEL_NAME
