@@ -98,19 +98,17 @@ def _terminate(pid: int, started: float) -> None:
 
 
 @contextlib.contextmanager
-def shared_local_server(cache: Path | None = None, *, name: str = OPEN_SERVER,
-                        **options: Any) -> Iterator[LocalEndpoint]:
+def shared_local_server(cache: Path | None = None, **options: Any) -> Iterator[LocalEndpoint]:
     """One local model server for every user, in this process and others, while any of them needs it.
 
     The first user starts it; later ones in this process share it (a count), and other processes find
-    it through `<cache>/<name>/server.json` (pid, port, key, model sha; read and written under
+    it through `<cache>/local-model/server.json` (pid, port, key, model sha; read and written under
     `server.lock`), reusing it if its pid lives and it answers. Each process using it holds a lease in
     `local-model/users/`. The last user to leave, whichever process it is in, stops it; a server whose
     leaseholders all died stops itself; a state file whose server is gone is replaced. `options` go to
-    `LocalModelServer` when this call starts the server (a running one is reused as it is). Servers of
-    another `name` share nothing with it.
+    `LocalModelServer` when this call starts the server (a running one is reused as it is).
     """
-    folder = (cache or cache_dir()) / name
+    folder = (cache or cache_dir()) / OPEN_SERVER
     endpoint = _acquire(folder, cache, options)
     try:
         yield endpoint

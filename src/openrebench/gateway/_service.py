@@ -40,7 +40,7 @@ from ._backends import BackendUnavailable, ModelBackend, OpenAICompatibleBackend
 from ._inspect import InspectBackend
 from ._likelihood import Likelihood, LocalModelBackend
 from ._local import MODEL_NAME, LocalModelServer
-from ._local_share import HELD_OUT_SERVER, OPEN_SERVER, LocalEndpoint, shared_local_server
+from ._local_share import HELD_OUT_SERVER, LocalEndpoint, shared_local_server
 from ._server import Budget, Gateway, GatewayThread, Grant, RoleModel
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class ModelService:
                 if spec == LOCAL_MODEL:
                     e = self._endpoint
                     if e is None:
-                        e = self._endpoint = self._local.enter_context(shared_local_server(name=OPEN_SERVER))
+                        e = self._endpoint = self._local.enter_context(shared_local_server())
                     upstream = OpenAICompatibleBackend(e.base_url, e.model, e.api_key,
                                                        usage_counts_one_choice=True, capacity=e.parallel)
                     found = RoleModel(LocalModelBackend(upstream, self._likelihood), e.model, FREE)
@@ -151,10 +151,12 @@ class ModelService:
                                                         FREE))
         return found[1]
 
+    def _own_server(self, live: _Live, spec: str) -> bool:
+        """Whether `spec` reaches a server of the grant's own: the offline model on held-out data."""
+        return live.held_out and spec == LOCAL_MODEL and spec not in self._custom and OWN_HELD_OUT_SERVERS
+
     def _model_of(self, live: _Live, spec: str) -> RoleModel:
-        if live.held_out and spec == LOCAL_MODEL and spec not in self._custom and OWN_HELD_OUT_SERVERS:
-            return self._held_out_model(live.token)
-        return self.role_model(spec)
+        return self._held_out_model(live.token) if self._own_server(live, spec) else self.role_model(spec)
 
     def model_name(self, spec: str) -> str:
         """The name clients see for a model spec, without starting its backend."""
@@ -272,8 +274,7 @@ class ModelService:
         if self._keeping:
             return
         if self._endpoint is not None and not any(
-                LOCAL_MODEL in live.models.values()
-                and not (live.held_out and OWN_HELD_OUT_SERVERS and LOCAL_MODEL not in self._custom)
+                LOCAL_MODEL in live.models.values() and not self._own_server(live, LOCAL_MODEL)
                 for live in self._live.values()):
             found = self._models.pop(LOCAL_MODEL, None)
             if found is not None and self._thread is not None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,21 +106,6 @@ def training_threads(p: ChatRLParams) -> int:
     return usable_cores(at_most=2) if params >= TRAIN_TWO_THREADS else 1
 
 
-@contextlib.contextmanager
-def _threads(device: str, n: int) -> Iterator[None]:
-    import torch
-
-    if device != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _hub_base(name: str) -> Any | None:
     """GPT-2 (`gpt2-xl`...) from the Hub, or None where the Hub cannot be reached."""
     try:
@@ -174,7 +158,7 @@ def _base(spec: TierSpec[ChatRLParams], cache_dir: Path, data: Any) -> Path:
         seed=11,
         compile=p.device == "cuda",
     )
-    with _threads(p.device, training_threads(p)):
+    with chat_lm.math_threads(training_threads(p)) if p.device == "cpu" else contextlib.nullcontext():
         trained = build_trained_model(
             f"chatrl-{spec.name}-pretrained",
             model_config,

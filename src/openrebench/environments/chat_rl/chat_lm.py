@@ -116,8 +116,15 @@ def cpu_threads(model: Any, threads: int | None = None) -> Iterator[None]:
     if next(model.parameters()).device.type != "cpu" or not (small or threads):
         yield
         return
+    with math_threads(threads or 1):
+        yield
+
+
+@contextlib.contextmanager
+def math_threads(n: int) -> Iterator[None]:
+    """PyTorch's CPU math threads set to `n` for the block, then set back."""
     before = torch.get_num_threads()
-    torch.set_num_threads(threads or 1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
