@@ -152,19 +152,23 @@ def test_eval_help_lists_the_agents_and_isolations_the_harness_registers(
         line.strip(" │") for line in out.splitlines())
 
 
-def test_scoring_from_inside_the_workspace_imports_nothing_of_the_agent(kernel_run: Run) -> None:
+def test_scoring_from_inside_the_workspace_imports_nothing_of_the_agent(tmp_path: Path) -> None:
     """`cd runs/k1/workspace && openrebench score` (as docs/runs.md writes it): modules the agent left in
-    its workspace, named like the harness's own imports, must not run in the harness process."""
+    its workspace, named like the harness's own imports, must not run in the harness process (the harness
+    is the same for every environment: scaling_law's scoring takes a second, optimize_kernel's start ten)."""
     import shutil
     import subprocess
     import sys
 
-    marker = kernel_run.path / "agent-code-ran"
+    from openrebench.runs import start_run
+
+    run = start_run("scaling_law", "mini", tmp_path / "run", score_start=False)[0]
+    marker = run.path / "agent-code-ran"
     for name in ("typer", "rich", "pydantic", "openrebench_plugin"):
-        (kernel_run.workspace / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}\\n')\n")
+        (run.workspace / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}\\n')\n")
     command = shutil.which("openrebench", path=str(Path(sys.executable).parent))
     assert command is not None
-    out = subprocess.run([command, "score"], cwd=kernel_run.workspace, capture_output=True, text=True,
+    out = subprocess.run([command, "score"], cwd=run.workspace, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert not marker.exists(), f"attack works: {marker.read_text()}"

@@ -481,7 +481,7 @@ def test_openrebench_shell_gives_a_person_the_runs_models_as_an_agent_has_them(
     agent = [r for r in usage if r["phase"] == "agent"]
     assert [(r["grant"], r["role"], r["status"]) for r in agent] == [("run/agent", "judge", 200)]
     other = tmp_path / "plain"
-    assert runner.invoke(app, ["start", "optimize_kernel", str(other)]).exit_code == 0
+    assert runner.invoke(app, ["start", "scaling_law", str(other)]).exit_code == 0  # scored in a second
     result = runner.invoke(app, ["shell", str(other), "--", "true"])
     assert result.exit_code == 1 and result.output.startswith(
-        "error: optimize_kernel (mini) gives its agent no models: there is no gateway to serve")
+        "error: scaling_law (mini) gives its agent no models: there is no gateway to serve")
