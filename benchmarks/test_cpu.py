@@ -125,8 +125,9 @@ def main() -> None:
         (folder / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
         accounting = folder / "pacct"
         accounting.touch()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]),
-               "OPENREBENCH_TEST_CPU_DIR": str(folder)}
+        # The plugin's folder alone on the path: an empty entry would put each child's working folder there.
+        path = [str(folder), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OPENREBENCH_TEST_CPU_DIR": str(folder)}
         subprocess.run(["accton", str(accounting)], check=True, capture_output=True)
         started = time.monotonic()
         try:
