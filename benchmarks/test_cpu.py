@@ -144,7 +144,7 @@ def main() -> None:
     for test, seconds in cpu.items():
         files[test.split("::")[0]] += seconds
     total = sum(p["cpu"] for p in procs)
-    console = Console()
+    console = Console(width=max(150, shutil.get_terminal_size().columns))  # test ids are long
     for title, rows in (("tests", cpu), ("files", files)):
         table = Table(title=f"CPU seconds by {title[:-1]}, subprocesses included (the {args.top} largest)")
         table.add_column("CPU s", justify="right")
@@ -158,6 +158,8 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "command": "python benchmarks/test_cpu.py" + (" -- " + " ".join(args.pytest_args)
                                                       if args.pytest_args else ""),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                 text=True).stdout.strip() or None,
         "pytest_args": pytest_args, "exit_code": result.returncode, "wall_s": round(wall, 1),
         "cpu_s": round(total, 1), "outside_tests_s": round(outside, 1), "cpu_count": os.cpu_count(),
         "files": {k: round(v, 2) for k, v in sorted(files.items(), key=lambda kv: -kv[1])},
