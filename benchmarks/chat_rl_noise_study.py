@@ -38,7 +38,7 @@ from rich.table import Table
 from openrebench.api import cache_dir
 from openrebench.environments.chat_rl import chat_lm, evaluation
 from openrebench.environments.chat_rl.env import MINI
-from openrebench.environments.chat_rl.scorer import load_submission
+from openrebench.environments.chat_rl.scorer import _win_rate, load_submission
 from openrebench.gateway._likelihood import Likelihood
 from openrebench.lm import assets_root
 from openrebench.runs import detect_hardware
@@ -83,9 +83,14 @@ def main() -> None:
                                                         rejected=-math.inf))
 
     def raw(ours: list[float | None], theirs: dict[str, list[list[float | None]]]) -> float:
-        """The mean of the two win rates, each preference averaged over the stored answers given."""
-        rates = [statistics.fmean(statistics.fmean(evaluation.preference(a, t[i]) for t in stored)
-                                  for i, a in enumerate(ours)) for stored in theirs.values()]
+        """The scorer's mean of the two win rates (`_win_rate`: comparisons the judge failed are left
+        out), each preference averaged over the stored answers given."""
+        rates = []
+        for stored in theirs.values():
+            prefs = [[evaluation.preference(a, t[i]) for t in stored] for i, a in enumerate(ours)]
+            rate, _ = _win_rate([None if None in x else statistics.fmean(x) for x in prefs])  # type: ignore[arg-type]
+            assert rate is not None, "the judge failed on every comparison"
+            rates.append(rate)
         return sum(rates) / len(rates)
 
     started = time.monotonic()

@@ -7,8 +7,10 @@ Ray workers) that a test's own timings do not see. This runs the pass as `make t
 accounting (BSD `acct`: needs root and `accton`, Debian's `acct` package), then charges each process's CPU
 to the test its xdist worker was running when the process ran, following parent links up to the worker;
 a process whose parents are gone (reparented daemons, sandboxes' inner processes) is shared among the
-tests running at its midpoint. Prints the tests and files that cost most and writes every test's CPU as
-JSON.
+tests running at its midpoint. A worker's own CPU (what tests do in its process: the gateway and its
+in-process judge among them) is known only in total, and is shared among its tests by their wall time, so
+a test that works mostly in-process is under- or over-charged. Prints the tests and files that cost most
+and writes every test's CPU as JSON.
 
     .venv/bin/python benchmarks/test_cpu.py --out benchmarks/results/test_cpu/$(date +%F)_xeon.json
 """
