@@ -307,9 +307,14 @@ def test_a_backend_down_during_a_scoring_is_the_harnesss_failure_not_the_solutio
     (box.run.workspace / "ask_judge").write_text("")
     row = box.loop.run_until_complete(box.sandbox.score())
     assert row.raw is None and row.details["infrastructure"] is True
-    assert row.message.startswith("Invalid: infrastructure failure (the model backend failed on 1 of 1 model "
-                                  "call(s) during the scoring"), row.message
+    # In fixed words: a failed call's text can quote its request, and how many failed is the solution's
+    # number to choose (tests/redteam/test_message_attacks.py); both are in the hidden details.
+    assert row.message.startswith("Invalid: infrastructure failure (the model backend failed during the "
+                                  "scoring)"), row.message
     assert "not caused by your solution" in row.message
+    failures = row.details["backend_failures"]
+    assert (failures["failed"], failures["calls"], failures["first_status"]) == (1, 1, 503), failures
+    assert "cannot be reached" in failures["first_error"]
     assert row.details["scored_as"]["raw"] is None  # what the scorer made of it is kept
     assert row.details["models"]["total"]["requests"] == 1
 

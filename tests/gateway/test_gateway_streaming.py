@@ -13,7 +13,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -470,3 +470,64 @@ def test_refusals_state_the_limit_they_met(gw: Gateway, tmp_path: Path, backend:
         client.chat.completions.create(model="task_model", messages=[{"role": "user", "content": "x" * 300}])
     assert "falls" in e.value.message and "token(s) short" in e.value.message
     assert backend.bodies == []
+
+
+class _Failing:
+    """An upstream that fails every call with `error`, and says it is `well` when asked."""
+
+    name, capacity, usage_counts_one_choice = "stub", 4, True
+
+    def __init__(self, error: Exception, well: bool) -> None:
+        self.error, self.well = error, well
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        raise self.error
+
+    complete = chat
+
+    async def stream(self, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        raise self.error
+        yield {}  # an async generator, as the real upstreams' streams are
+
+    async def healthy(self) -> bool:
+        return self.well
+
+
+def test_a_500_of_a_healthy_offline_server_is_the_requests_fault_and_anything_else_stays_as_it_came() -> None:
+    """llama.cpp answers requests that are the client's fault with a 500 quoting them: while the server
+    answers its health check, that is a 400 to the caller (no infrastructure failure a scoring's code
+    could choose); a server that is down, one that cannot be reached and the caller's own 4xx stay."""
+    from openrebench.gateway._backends import BackendError, BackendUnavailable, BadRequest
+
+    quoted = BackendError("the upstream http://127.0.0.1:1/v1 failed (HTTP 500): Unknown reasoning format: x")
+
+    async def outcome(error: Exception, well: bool, call: str) -> Exception:
+        local = LocalModelBackend(_Failing(error, well), Likelihood())  # type: ignore[arg-type]
+        try:
+            if call == "stream":
+                async for _ in local.stream("chat", {}):
+                    pass
+            else:
+                await getattr(local, call)({"prompt": "hi"} if call == "complete" else {})
+        except Exception as raised:
+            return raised
+        raise AssertionError("no error")
+
+    for call in ("chat", "complete", "stream"):
+        got = asyncio.run(outcome(quoted, True, call))
+        assert isinstance(got, BadRequest) and got.status == 400, (call, got)
+        assert "Unknown reasoning format: x" in got.message  # the caller sees why, as before
+        assert asyncio.run(outcome(quoted, False, call)) is quoted  # a sick server: the harness's failure
+    down = BackendUnavailable("the upstream cannot be reached")
+    refused = BadRequest("bad")
+    assert asyncio.run(outcome(down, True, "chat")) is down
+    assert asyncio.run(outcome(refused, True, "chat")) is refused
+
+    async def nothing_there() -> bool:
+        upstream = OpenAICompatibleBackend("http://127.0.0.1:9/v1", "x")
+        try:
+            return await upstream.healthy()
+        finally:
+            await upstream.aclose()
+
+    assert asyncio.run(nothing_there()) is False

@@ -121,6 +121,27 @@ def _attempt_disk(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(bwrap, "volume_problem", lambda: "switched off")
 
 
+def _scoring_message(mp: pytest.MonkeyPatch) -> None:
+    """A scoring's failed model calls as before: every 5xx of the offline model's server is the harness's
+    failure, and the agent is told how many calls failed and the first one's text."""
+    from openrebench.gateway import _likelihood
+    from openrebench.harness import _run_models
+
+    async def as_it_came(self: object, error: Exception) -> Exception:
+        return error
+
+    def told(rows: list[dict], gateway_lost: bool = False) -> str | None:
+        failed = [r for r in rows if r.get("status") in _run_models.BACKEND_FAILED]
+        if gateway_lost or not failed:
+            return "the model gateway stopped during the scoring" if gateway_lost else None
+        first = str(failed[0].get("error") or f"HTTP {failed[0].get('status')}")[:160]
+        return (f"the model backend failed on {len(failed)} of {len(rows)} model call(s) during the scoring: "
+                f"{first}")
+
+    mp.setattr(_likelihood.LocalModelBackend, "classified", as_it_came)
+    mp.setattr(_run_models, "backend_failures", told)
+
+
 SWITCHES: dict[str, Switch] = {
     "attempt-disk": Switch("each attempt's writable places on a file system of its own size", _attempt_disk),
     "gateway-reservation": Switch("the gateway holds each request's prompt (its bytes bound its tokens) "
@@ -140,6 +161,8 @@ SWITCHES: dict[str, Switch] = {
                               "held-out text)", _held_out_server),
     "judge-shown-answers": Switch("answers shown to the prompted judge without chat-template tokens, section "
                                   "marks or label letters", _shown_answers),
+    "scoring-message": Switch("a scoring's failed model calls told in fixed words, and a 500 of the offline "
+                              "model's server that stays healthy the request's fault", _scoring_message),
     "score-socket-cap": Switch("a run's score socket serves at most MAX_CONNECTIONS connections at once",
                                _score_socket_cap),
     "snapshot-counting": Switch("every snapshot entry counts, a file at its apparent size, folders streamed",

@@ -129,6 +129,16 @@ class OpenAICompatibleBackend:
         if session is not None:
             await session.close()
 
+    async def healthy(self) -> bool:
+        """Whether the upstream answers `GET /health` (llama.cpp's and vLLM's, beside `/v1`) with a 200."""
+        url = f"{self.base_url.removesuffix('/v1')}/health"
+        try:
+            async with self._session().get(url, headers=self._headers,
+                                           timeout=aiohttp.ClientTimeout(total=5)) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
         """The client's failures to reach the upstream (or to hear it out) as the gateway's errors."""

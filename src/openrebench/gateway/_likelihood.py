@@ -249,11 +249,17 @@ class LocalModelBackend:
             raise Unsupported(f"the offline model ({self.name}) does not take {', '.join(asked)}: {why}")
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.upstream.chat(body)
+        try:
+            return await self.upstream.chat(body)
+        except Exception as e:
+            raise await self.classified(e) from None
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         if not body.get("echo"):
-            return await self.upstream.complete(body)
+            try:
+                return await self.upstream.complete(body)
+            except Exception as e:
+                raise await self.classified(e) from None
         return await self._echo(body)
 
     async def stream(self, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -263,8 +269,29 @@ class LocalModelBackend:
             for chunk in whole_as_chunks(await self._echo(body), kind):
                 yield chunk
             return
-        async for chunk in self.upstream.stream(kind, body):
-            yield chunk
+        started = False
+        try:
+            async for chunk in self.upstream.stream(kind, body):
+                started = True
+                yield chunk
+        except Exception as e:
+            if started:
+                raise
+            raise await self.classified(e) from None
+
+    async def classified(self, error: Exception) -> Exception:
+        """llama.cpp answers some requests that are the client's own fault with a 500 that quotes them (an
+        unknown `reasoning_format`, message content of the wrong type): while its server stays healthy,
+        such a failure is the request's (a 400 to the client), not the harness's. Otherwise a scoring's
+        code could make its scoring an infrastructure failure at will, one bit it chooses after reading
+        held-out data. A server that is down, or does not answer its health check, stays the harness's."""
+        from ._backends import BackendError, BackendUnavailable, BadRequest
+
+        healthy = getattr(self.upstream, "healthy", None)
+        if (not isinstance(error, BackendError) or isinstance(error, BackendUnavailable) or error.status < 500
+                or healthy is None or not await healthy()):
+            return error
+        return BadRequest(f"the offline model's server could not serve this request: {error.message}")
 
     async def aclose(self) -> None:
         await self.upstream.aclose()

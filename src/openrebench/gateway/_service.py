@@ -347,6 +347,9 @@ class _OwnServer:
         async for chunk in upstream.stream(kind, body):
             yield chunk
 
+    async def healthy(self) -> bool:
+        return self._upstream is not None and not self._stopped and await self._upstream.healthy()
+
     async def aclose(self) -> None:
         if self._upstream is not None:
             await self._upstream.aclose()

@@ -188,7 +188,10 @@ class RunModels:
 
         def report() -> dict[str, Any]:
             found = rows()
-            return {"models": summarise(found)} if found else {}
+            if not found:
+                return {}
+            failures = failure_details(found)
+            return {"models": summarise(found), **({"backend_failures": failures} if failures else {})}
 
         restarts = self.service.restarts
 
@@ -214,16 +217,27 @@ failed or could not be reached (after the gateway's retries). A 504 is not among
 past the gateway's limit was asked for (or waited behind the run's own requests). 4xx are the client's."""
 
 
+BACKEND_FAILED_MESSAGE = "the model backend failed during the scoring"
+"""The whole of what the agent is told: fixed words. A failed call's text can quote its request (llama.cpp
+echoes a bad parameter back) and the scored code writes the request after reading held-out data, and
+how many calls failed is a number that code can choose; both stay in the row's hidden details."""
+
+
 def backend_failures(rows: list[dict[str, Any]], gateway_lost: bool = False) -> str | None:
-    """What failed on the harness's side among a scoring's model calls, in words, or None."""
-    failed = [r for r in rows if r.get("status") in BACKEND_FAILED]
+    """What failed on the harness's side among a scoring's model calls, in fixed words, or None."""
     if gateway_lost:
         return "the model gateway stopped during the scoring"
+    return BACKEND_FAILED_MESSAGE if any(r.get("status") in BACKEND_FAILED for r in rows) else None
+
+
+def failure_details(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For the row's details (never shown to the agent): how many of a scoring's calls failed on the
+    harness's side, and the first one's status and error."""
+    failed = [r for r in rows if r.get("status") in BACKEND_FAILED]
     if not failed:
         return None
-    first = str(failed[0].get("error") or f"HTTP {failed[0].get('status')}")[:160]
-    return (f"the model backend failed on {len(failed)} of {len(rows)} model call(s) during the scoring: "
-            f"{first}")
+    return {"failed": len(failed), "calls": len(rows), "first_status": failed[0].get("status"),
+            "first_error": str(failed[0].get("error") or "")[:300]}
 
 
 def _rows_from(path: Path, offset: int) -> list[dict[str, Any]]:
