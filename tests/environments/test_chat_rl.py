@@ -180,7 +180,7 @@ def test_answers_the_judge_prefers_win_copies_gain_nothing_and_empty_ones_lose(
     monkeypatch.setattr(chat_lm, "generate", lambda *a, **k: [""] * len(rows))
     empty = _score(tiny, run_dirs)
     assert empty.raw is not None and empty.raw <= 0.5 and empty.details["empty_answers"] == 8
-    assert "8 answers were empty" in empty.message
+    assert "empty" not in empty.message  # a number the model chose on held-out instructions: details only
 
 
 def _state(built: _assets.Built) -> dict[str, torch.Tensor]:
@@ -261,11 +261,11 @@ def test_judge_failures_are_counted_and_left_out_and_an_outage_is_invalid(
     # 2 of 16 comparisons: more than the 5% a valid scoring may leave out (on 512 instructions, 51)
     too_many = _score(tiny, run_dirs)
     assert too_many.raw is None and too_many.details["judge_failures"] == 2
-    assert too_many.message.startswith("Invalid: the judge could not be asked for 2 of 16 comparisons")
+    assert too_many.message.startswith("Invalid: the judge could not be asked for more than 5% of the")
     monkeypatch.setattr(scorer, "MAX_LEFT_OUT", 0.2)
     partly = _score(tiny, run_dirs)
     assert partly.raw is not None and partly.details["judge_failures"] == 2
-    assert "2 of 16 comparisons failed (left out)" in partly.message
+    assert "failed" not in partly.message  # a count the answers can move: in the details only
     judge.fail = 10**6
     judge.completions.create = create
     down = _score(tiny, run_dirs)

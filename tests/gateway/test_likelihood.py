@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from openrebench.gateway import _likelihood
 from openrebench.gateway._likelihood import ECHO_BATCH, Likelihood, _gguf_read_once
 
 pytest_plugins = ["lm_support"]
@@ -55,6 +56,22 @@ def test_batched_and_shared_rows_give_what_each_text_alone_gives(tiny_model: Pat
     shared = len(likelihood.echo([question])[0]["tokens"])
     assert first[:shared] == second[:shared]
     assert together[0]["token_logprobs"] == together[3]["token_logprobs"]  # the same text twice
+
+
+def test_the_vocabularys_product_a_block_of_rows_at_a_time_changes_no_number(
+        tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output layer runs over blocks of rows (so that long prompts cannot fill the harness's memory):
+    blocks of 3 rows give what one block of all gives."""
+    texts = ["Question: What does the word lantern mean?\nAnswer: a light", "Answer: a case for a light",
+             "x", "Question: What is a river?\nAnswer: water that flows " * 3]
+    likelihood = Likelihood(tiny_model)
+    whole = likelihood.echo(texts)
+    monkeypatch.setattr(_likelihood, "LOGIT_ROWS", 3)
+    blocks = likelihood.echo(texts)
+    for a, b in zip(whole, blocks, strict=True):
+        assert a["tokens"] == b["tokens"]
+        assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-5)
+    assert sum(len(a["tokens"]) for a in whole) > 3 * 4  # several blocks were needed
 
 
 def test_the_model_is_loaded_whole_from_its_file(tiny_model: Path) -> None:

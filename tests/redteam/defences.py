@@ -122,9 +122,10 @@ def _attempt_disk(mp: pytest.MonkeyPatch) -> None:
 
 
 def _scoring_message(mp: pytest.MonkeyPatch) -> None:
-    """A scoring's failed model calls as before: every 5xx of the offline model's server is the harness's
-    failure, and the agent is told how many calls failed and the first one's text."""
-    from openrebench.gateway import _likelihood
+    """A scoring's failed model calls as before: every call that failed on the backend's side (a 5xx of
+    the offline model's server, the gateway's own 502) is the harness's failure, and the agent is told how
+    many calls failed and the first one's text."""
+    from openrebench.gateway import ModelService, _likelihood
     from openrebench.harness import _run_models
 
     async def as_it_came(self: object, error: Exception) -> Exception:
@@ -140,6 +141,14 @@ def _scoring_message(mp: pytest.MonkeyPatch) -> None:
 
     mp.setattr(_likelihood.LocalModelBackend, "classified", as_it_came)
     mp.setattr(_run_models, "backend_failures", told)
+    mp.setattr(ModelService, "answers", lambda *args, **kwargs: False)  # no check of the backend after
+
+
+def _host_memory_cap(mp: pytest.MonkeyPatch) -> None:
+    """rust_codecontests' scaffold host without a memory cap of its own (the scoring's limit alone)."""
+    from openrebench.isolation import Cgroup
+
+    mp.setattr(Cgroup, "limit_memory", lambda self, memory_bytes: None)
 
 
 SWITCHES: dict[str, Switch] = {
@@ -151,6 +160,8 @@ SWITCHES: dict[str, Switch] = {
     "bounded-rows": Switch("score-log rows bounded (message, details, texts) to fit the disk reserve",
                            _bounded_rows),
     "fresh-line": Switch("a row after a torn one starts on a fresh line", _fresh_line),
+    "host-memory-cap": Switch("rust_codecontests' scaffold host capped below the scoring's memory limit: the "
+                              "kernel kills it alone", _host_memory_cap),
     "isolated-host-start": Switch("solution hosts start with python -I, the workspace off the path",
                                   _isolated_host_start),
     "own-reserve": Switch("each score log keeps its reserve allocated past its own end", _own_reserve),
@@ -161,8 +172,8 @@ SWITCHES: dict[str, Switch] = {
                               "held-out text)", _held_out_server),
     "judge-shown-answers": Switch("answers shown to the prompted judge without chat-template tokens, section "
                                   "marks or label letters", _shown_answers),
-    "scoring-message": Switch("a scoring's failed model calls told in fixed words, and a 500 of the offline "
-                              "model's server that stays healthy the request's fault", _scoring_message),
+    "scoring-message": Switch("a scoring's failed model calls told in fixed words, and the harness's failure "
+                              "only where the backend fails the harness's own request too", _scoring_message),
     "score-socket-cap": Switch("a run's score socket serves at most MAX_CONNECTIONS connections at once",
                                _score_socket_cap),
     "snapshot-counting": Switch("every snapshot entry counts, a file at its apparent size, folders streamed",

@@ -234,3 +234,39 @@ def test_a_daemon_of_the_scaffold_is_gone_before_the_programs_are_judged(
         assert _gone([pid]), f"attack works: the scaffold's daemon {pid} lived on into the judging"
     finally:
         _kill([pid])
+
+
+HOG = """
+import os
+_held = []
+
+
+async def generate_solution(client, semaphore, problem):
+    # Past the scoring's memory limit, the whole scoring would end "Invalid": a verdict the scaffold
+    # could choose after reading a held-out problem. Touched page by page, so that it is really used.
+    block = bytearray(400 << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    _held.append(block)
+    return "fn main() {}"
+"""
+
+
+@attack(env=ENV, cls="held-out data in the harness's message", invariant=3, defence="host-memory-cap")
+def test_a_scaffold_past_its_memory_cap_loses_its_batch_not_the_scoring(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: Any) -> None:
+    """The scaffold allocates past the scoring's memory limit (here: past its host's cap of 256 MB)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    solution = tmp_path / "solution"
+    solution.mkdir()
+    (solution / "solve_code_contests_rust.py").write_text(HOG)
+    params = RustCodecontests.tiers["mini"].params.model_copy(update={"batch_size": 1,
+                                                                      "batch_timeout_s": 20.0})
+    problem = {"name": "p", "description": "print nothing", "time_limit_s": 1.0,
+               "memory_limit_bytes": 256 << 20, "public_tests": {"input": [""], "output": [""]}}
+    answers = scorer.generate_answers(params, solution, [problem, problem], group,
+                                      host_memory_bytes=int(scorer.HOST_MEMORY_SHARE * (256 << 20) / 0.75))
+    assert not isinstance(answers, str), answers
+    assert [a["status"] for a in answers] == ["host_failed", "host_failed"], (
+        "attack works: the scaffold's host held 400 MB past its cap", answers)

@@ -26,6 +26,7 @@ HF_FOLDER = "gemma-3-270m-hf"
 _BUILD_VERSION = "1"
 MAX_TEXT_TOKENS = 1024  # per prompt: a judge's question and answer fit many times over
 ECHO_BATCH = 8  # texts per forward pass, taken in order of length
+LOGIT_ROWS = 256  # rows of the vocabulary's product at once: 256 MB of logits for Gemma's 262k tokens
 
 
 def hf_model_dir(cache: Path | None = None) -> Path:
@@ -198,10 +199,16 @@ class Likelihood:
             hidden = self._model.model(input_ids=ids, attention_mask=mask).last_hidden_state
             at = torch.tensor(picks)
             targets = torch.tensor([rows[i][k + 1] for i, k in picks])
-            logits = self._model.lm_head(hidden[at[:, 0], at[:, 1]])
-            # Fused: a separate log-softmax over the 262k-token vocabulary took 20x longer (2 GB written
-            # for a batch).
-            values = (-torch.nn.functional.cross_entropy(logits, targets, reduction="none").float()).tolist()
+            values = []
+            # The vocabulary's product a block of rows at a time: 8 prompts of 1024 tokens at once would
+            # hold 8.6 GB of logits (and as much again for the loss), in the harness's own memory, where
+            # no run's limit applies. Fused: a separate log-softmax over the 262k-token vocabulary took 20x
+            # longer (2 GB written for a batch).
+            for first in range(0, len(picks), LOGIT_ROWS):
+                block = at[first:first + LOGIT_ROWS]
+                logits = self._model.lm_head(hidden[block[:, 0], block[:, 1]])
+                values += (-torch.nn.functional.cross_entropy(logits, targets[first:first + LOGIT_ROWS],
+                                                               reduction="none").float()).tolist()
         return [[values[slot] for slot in row_slots] for row_slots in slots]
 
 

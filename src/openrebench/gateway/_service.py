@@ -158,6 +158,33 @@ class ModelService:
     def _model_of(self, live: _Live, spec: str) -> RoleModel:
         return self._held_out_model(live.token) if self._own_server(live, spec) else self.role_model(spec)
 
+    def answers(self, token: str, role: str, endpoint: str, timeout_s: float = 120.0) -> bool:
+        """Whether the backend behind a live grant's `role` serves the harness's own known-good request on
+        `endpoint` ("chat" or "completions", the offline model's echo too) now, nothing metered: where it
+        does, calls of the grant that failed were their own requests' doing, not the backend's."""
+        with self._lock:
+            live, thread = self._live.get(token), self._thread
+            if live is None or thread is None or role not in live.models:
+                return False
+            model = self._model_of(live, live.models[role])
+
+        async def probe() -> bool:
+            backend, name = model.backend, model.model_name
+            if endpoint != "completions":
+                answer = await backend.chat({"model": name, "max_tokens": 1,
+                                             "messages": [{"role": "user", "content": "Say hello."}]})
+                return isinstance(answer.get("choices"), list)
+            answers = [await backend.complete({"model": name, "prompt": "Hello", "max_tokens": 1})]
+            if isinstance(backend, LocalModelBackend):
+                answers.append(await backend.complete({"model": name, "prompt": "Hello there", "echo": True,
+                                                       "max_tokens": 0, "logprobs": 0}))
+            return all(isinstance(a.get("choices"), list) for a in answers)
+
+        try:
+            return thread.run(probe(), timeout_s)
+        except Exception:  # any failure of the probe is the backend's
+            return False
+
     def model_name(self, spec: str) -> str:
         """The name clients see for a model spec, without starting its backend."""
         with self._lock:

@@ -8,8 +8,9 @@ import contextlib
 import json
 import socket
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -116,6 +117,9 @@ class GrantSite(web.BaseSite):
         self._sock.close()
 
 
+T = TypeVar("T")
+
+
 class GatewayThread:
     """A gateway served from a daemon thread with its own event loop; `stop()` (or leaving the `with`)
     closes it. Grants may be made and revoked from any thread."""
@@ -151,6 +155,13 @@ class GatewayThread:
             await self._stop.wait()
         finally:
             await self.gateway.close()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run `coro` on the gateway's loop (its backends are bound to it) from another thread, and wait."""
+        if self._loop is None or not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("the gateway is not serving")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     @property
     def alive(self) -> bool:

@@ -186,18 +186,36 @@ class RunModels:
         def rows() -> list[dict[str, Any]]:
             return [r for r in _rows_from(log, start) if r.get("grant") == run_id]
 
+        verdict: dict[str, Any] = {}
+
         def report() -> dict[str, Any]:
             found = rows()
             if not found:
                 return {}
             failures = failure_details(found)
+            if failures is not None:
+                failures.update(verdict)
             return {"models": summarise(found), **({"backend_failures": failures} if failures else {})}
 
         restarts = self.service.restarts
 
         def infrastructure() -> str | None:
-            return backend_failures(rows(), gateway_lost=not self.service.alive
-                                    or self.service.restarts != restarts)
+            """The harness's failure, in fixed words, or None. Calls that failed on the backend's side
+            count only where the backend now fails the harness's own known-good request as well: a
+            scoring's code can make its own requests fail (a body a library chokes on, a parameter
+            llama.cpp answers with a 500), and would otherwise choose an infrastructure failure, one bit
+            it sets after reading held-out data."""
+            lost = not self.service.alive or self.service.restarts != restarts
+            found = rows()
+            message = backend_failures(found, gateway_lost=lost)
+            if message is None or lost:
+                return message
+            failed = {(str(r.get("role")), "completions" if r.get("endpoint") == "completions" else "chat")
+                      for r in found if r.get("status") in BACKEND_FAILED}
+            healthy = all(self.service.answers(grant.token, role, endpoint)
+                          for role, endpoint in sorted(failed))
+            verdict["backend_answers_now"] = healthy
+            return None if healthy else message
 
         try:
             yield ScoringAccess(binds=binds, env={"OPENAI_API_KEY": grant.token}, prefix=tuple(prefix),

@@ -130,6 +130,19 @@ class Cgroup:
             raise
         return Cgroup(made)
 
+    def limit_memory(self, memory_bytes: int) -> None:
+        """Cap this group's memory (and swap) below its parent's: the kernel then kills within this group
+        first. Raises OSError where the limit cannot be written."""
+        for d in self.dirs:
+            if (d / "memory.max").exists():  # v2
+                (d / "memory.max").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (d / "memory.swap.max").write_text("0")
+            elif (d / "memory.limit_in_bytes").exists():  # v1's memory hierarchy
+                (d / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):  # swap accounting is optional
+                    (d / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+
     def enter_prefix(self) -> list[str]:
         """A command prefix that moves the command into this cgroup before it starts (or fails it)."""
         writes = " && ".join(f"echo $$ > {d / 'cgroup.procs'}" for d in self.dirs)

@@ -144,9 +144,9 @@ def _score_snapshot(ctx: ScoringContext) -> tuple[ScoreResult, str, list[str]]:
             phases = result.details.get("harness_phases_s")
             if isinstance(phases, dict):
                 result.details["harness_phases_s"] = {"snapshot": snapshot_s, **phases}
-            if given is not None and given.report is not None:
-                result.details.update(given.report())
             failed = given.infrastructure() if given is not None and given.infrastructure else None
+            if given is not None and given.report is not None:  # after: it says what the check found
+                result.details.update(given.report())
             if failed and not result.details.get("infrastructure"):
                 details = {k: v for k, v in result.details.items() if k != "infrastructure"}
                 result = infrastructure_failure(failed, **details, scored_as={"raw": result.raw,

@@ -167,22 +167,22 @@ def score(spec: TierSpec[ChatRLParams], solution: Path, protected: Path) -> Scor
             **details,
         )
     if failures > MAX_LEFT_OUT * 2 * len(rows):
-        return ScoreResult.invalid(
-            f"Invalid: the judge could not be asked for {failures} of {2 * len(rows)} comparisons (more than "
-            f"{MAX_LEFT_OUT:.0%}; left out, they would leave the win rates to the rest).",
+        return ScoreResult.invalid(  # how many is in the details: the answers the model gave can fail a call
+            f"Invalid: the judge could not be asked for more than {MAX_LEFT_OUT:.0%} of the comparisons "
+            "(left out, they would leave the win rates to the rest).",
             **details,
         )
     raw = (win_base + win_sft) / 2
     if not math.isfinite(raw):
         return ScoreResult.invalid("Invalid: the win rates are not finite.", **details)
-    failed = f"; {failures} of {2 * len(rows)} comparisons failed (left out)" if failures else ""
-    blank = f"; {empty} answers were empty" if empty else ""
+    # The win rates and nothing else the model decided: how many answers were empty, how many comparisons
+    # failed and how long it took are numbers the model sets after reading the held-out instructions, so
+    # they stay in the details (the agent counts empty answers on its own instructions with evaluation.py).
     return ScoreResult(
         raw=raw,
         message=(
             f"Valid: mean win rate {raw:.3f} (against the base model {win_base:.3f}, against the SFT model "
-            f"{win_sft:.3f}) on {len(rows)} held-out instructions{failed}{blank}; "
-            f"{time.monotonic() - started:.0f} s."
+            f"{win_sft:.3f}) on {len(rows)} held-out instructions."
         ),
         details=details,
     )

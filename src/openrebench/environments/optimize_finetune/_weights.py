@@ -103,17 +103,20 @@ class Weights:
 
 
 def check_architecture(agent: Weights, initial: Weights) -> str | None:
-    """Why the agent's model is not the initial model's architecture, or None."""
+    """Why the agent's model is not the initial model's architecture, or None. In the initial model's
+    terms only (its keys, its parameter names, counts): the agent's files were written by a pipeline that
+    read the scoring's held-out records, so none of their text (a value, a name) is quoted back."""
     for key in ARCHITECTURE_KEYS:
         if agent.config.get(key) != initial.config.get(key):
-            return f"config.json has {key} = {agent.config.get(key)!r}, expected {initial.config.get(key)!r}"
+            return f"config.json's {key} is not the initial model's ({initial.config.get(key)!r})"
     want, got = initial.shapes(), agent.shapes()
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    missing, extra = sorted(set(want) - set(got)), set(got) - set(want)
     if missing or extra:
-        return f"parameters differ from the model's: missing {missing[:3]}, unexpected {extra[:3]}"
+        return (f"parameters differ from the model's: {len(missing)} missing (first {missing[:3]}), "
+                f"{len(extra)} not the model's")
     for name, shape in want.items():
         if got[name] != shape:
-            return f"{name} has shape {list(got[name])}, expected {list(shape)}"
+            return f"{name} does not have the model's shape {list(shape)}"
     return None
 
 

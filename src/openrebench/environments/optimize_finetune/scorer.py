@@ -272,7 +272,10 @@ def _failure(outcome: Outcome, timeout_s: float) -> str | None:
 
 
 def _with_tail(message: str, outcome: Outcome) -> str:
-    return f"{message}; its last output:\n{outcome.tail}" if outcome.tail else message
+    """The message of a failed run, without its output: the pipeline ran on the scoring's held-out
+    records and seed, and its output could carry them (the tail is in the row's hidden details)."""
+    return (f"{message} (its output is not shown: a scoring's data is held out; run finetune.sh in the "
+            "workspace to see why)")
 
 
 def _give(path: Path, uid: int | None) -> None:
@@ -388,15 +391,15 @@ def _score(spec: TierSpec[FinetuneParams], solution: Path, protected: Path,
         if not output.is_dir() or output.is_symlink():
             raise WeightsError(f"finetune.sh did not write {OUTPUT_DIR}/")
         links = [f.name for f in output.rglob("*") if f.is_symlink()]
-        if links:
-            raise WeightsError(f"{OUTPUT_DIR}/ must hold regular files, not links ({links[0]})")
+        if links:  # the names are the pipeline's: not quoted
+            raise WeightsError(f"{OUTPUT_DIR}/ must hold regular files, not links ({len(links)} found)")
         agent, initial = Weights(output), Weights(protected / "initial_model")
         problem = check_architecture(agent, initial)
         if problem:
             raise WeightsError(f"{OUTPUT_DIR}/ is not the initial model's architecture: {problem}")
         stale = _written_before(output, run.started_at)
         if stale:
-            raise WeightsError(f"{OUTPUT_DIR}/{stale} was last modified before finetune.sh started; the "
+            raise WeightsError(f"a file of {OUTPUT_DIR}/ was last modified before finetune.sh started; the "
                                "weights must be written by the run itself")
         if unchanged(agent, initial):
             raise WeightsError(f"{OUTPUT_DIR}/ holds the initial weights unchanged: finetune.sh must train "

@@ -21,6 +21,7 @@ split is where it debugs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import shutil
@@ -72,8 +73,19 @@ def _sub_group(group: Any, name: str) -> Any:
         return None
 
 
-def _start_host(solution: Path, params: RustCodecontestsParams, group: Any = None) -> SolutionProcess | str:
-    host = SolutionProcess(HOST, solution, cgroup=_sub_group(group, "scaffold"))
+# The scaffold's host may use this share of the scoring's memory: past it the kernel kills the host alone
+# (its batch counts as unanswered, a hidden outcome), before the scoring's own limit would end the scoring
+# as invalid, which would let a scaffold choose "invalid" after reading held-out problems.
+HOST_MEMORY_SHARE = 0.75
+
+
+def _start_host(solution: Path, params: RustCodecontestsParams, group: Any = None,
+                memory_bytes: int | None = None) -> SolutionProcess | str:
+    own = _sub_group(group, "scaffold")
+    if own is not None and memory_bytes:
+        with contextlib.suppress(OSError):  # the scoring's own limit still holds
+            own.limit_memory(memory_bytes)
+    host = SolutionProcess(HOST, solution, cgroup=own)
     try:
         host.receive(params.import_timeout_s, "importing solve_code_contests_rust.py")
     except SolutionError as e:
@@ -116,11 +128,11 @@ def _end_solution_processes() -> None:
 
 
 def generate_answers(params: RustCodecontestsParams, solution: Path, problems: list[dict[str, Any]],
-                     group: Any = None) -> list[dict[str, Any]] | str:
+                     group: Any = None, host_memory_bytes: int | None = None) -> list[dict[str, Any]] | str:
     """The scaffold's answer to every problem, batch by batch; a one-line reason where the module cannot
-    be loaded at all. A batch whose host hangs or dies counts as unanswered, and the next batch gets a
-    fresh host."""
-    host = _start_host(solution, params, group)
+    be loaded at all. A batch whose host hangs or dies (of its memory cap, say) counts as unanswered, and
+    the next batch gets a fresh host."""
+    host = _start_host(solution, params, group, host_memory_bytes)
     if isinstance(host, str):
         return host
     answers: list[dict[str, Any]] = []
@@ -128,7 +140,7 @@ def generate_answers(params: RustCodecontestsParams, solution: Path, problems: l
         for start in range(0, len(problems), params.batch_size):
             batch = problems[start:start + params.batch_size]
             if host is None:
-                started = _start_host(solution, params, group)
+                started = _start_host(solution, params, group, host_memory_bytes)
                 if isinstance(started, str):  # it loaded before: the batch failed, not loading
                     answers += [{"status": "host_failed"}] * len(batch)
                     continue
@@ -191,7 +203,8 @@ def score(spec: TierSpec[RustCodecontestsParams], solution: Path, protected: Pat
     t0 = time.monotonic()
     group = solution_cgroup()
     try:
-        answers = generate_answers(params, solution, problems, group)
+        answers = generate_answers(params, solution, problems, group,
+                                   int(HOST_MEMORY_SHARE * spec.memory_limit_gb * 2**30))
         if isinstance(answers, str):
             return ScoreResult.invalid(f"Invalid: {answers}")
         t1 = time.monotonic()
