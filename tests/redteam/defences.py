@@ -151,6 +151,13 @@ def _host_memory_cap(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Cgroup, "limit_memory", lambda self, memory_bytes: None)
 
 
+def _quoted_output(mp: pytest.MonkeyPatch) -> None:
+    """optimize_finetune's failure messages end with the pipeline's last output, as before."""
+    from openrebench.environments.optimize_finetune import scorer
+
+    mp.setattr(scorer, "_with_tail", lambda message, outcome: f"{message}; its last output:\n{outcome.tail}")
+
+
 SWITCHES: dict[str, Switch] = {
     "attempt-disk": Switch("each attempt's writable places on a file system of its own size", _attempt_disk),
     "gateway-reservation": Switch("the gateway holds each request's prompt (its bytes bound its tokens) "
@@ -164,6 +171,8 @@ SWITCHES: dict[str, Switch] = {
                               "kernel kills it alone", _host_memory_cap),
     "isolated-host-start": Switch("solution hosts start with python -I, the workspace off the path",
                                   _isolated_host_start),
+    "quoted-output": Switch("optimize_finetune's messages quote nothing its pipeline printed",
+                            _quoted_output),
     "own-reserve": Switch("each score log keeps its reserve allocated past its own end", _own_reserve),
     "per-test-cgroup": Switch("each rust_codecontests test's program, and the scaffold's host, in a cgroup "
                               "of its own, killed whole when it ends", _per_test_cgroup),

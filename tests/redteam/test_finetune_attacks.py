@@ -179,3 +179,20 @@ def test_weights_written_by_a_process_left_behind(tmp_path: Path) -> None:
     """finetune.sh exits at once; a disowned child writes the weights 3 s later: the 3 s must count."""
     r = _score(tmp_path, QUICK_EXIT_WORKER)
     assert r.raw is None or float(r.details["seconds"]) >= 3, f"attack works: {r.message[:200]}"
+
+
+PRINT_RECORDS = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    cd "$(dirname "$0")"
+    grep '^seed' finetune.yaml
+    tail -n 3 finetune_data.jsonl
+    exit 1
+""")
+
+
+@pytest.mark.attack(env=ENV, cls="held-out data in the message", invariant=3, defence="quoted-output")
+def test_a_pipeline_cannot_print_the_scorings_records_into_what_the_agent_is_told(tmp_path: Path) -> None:
+    """finetune.sh prints the scoring's records (drawn from the protected pool) and seed, then fails."""
+    r = _score(tmp_path, PRINT_RECORDS)
+    assert r.raw is None and '"prompt"' in r.details["output_tail"]  # it did read them
+    assert '"prompt"' not in r.message and "seed:" not in r.message, f"attack works: {r.message[:300]}"

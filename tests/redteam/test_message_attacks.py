@@ -121,7 +121,7 @@ def _scored(tmp_path: Path, scaffold: str) -> tuple[str, Any, dict[str, Any], li
         models.close()
 
 
-@attack(env=ENV, cls="held-out data in the harness's message", invariant=3, defence="scoring-message")
+@attack(env=ENV, cls="held-out data in the message", invariant=3, defence="scoring-message")
 def test_a_scaffold_cannot_write_a_held_out_statement_into_what_the_agent_is_told(tmp_path: Path) -> None:
     """A model call whose failure quotes a held-out statement."""
     told, row, first, calls = _scored(tmp_path, QUOTED)
@@ -131,7 +131,7 @@ def test_a_scaffold_cannot_write_a_held_out_statement_into_what_the_agent_is_tol
     assert [c["status"] for c in calls if c.get("status") != 200] == [400], calls
 
 
-@attack(env=ENV, cls="held-out data in the harness's message", invariant=3, defence="scoring-message")
+@attack(env=ENV, cls="held-out data in the message", invariant=3, defence="scoring-message")
 def test_a_scaffold_cannot_choose_a_number_the_agent_is_told(tmp_path: Path) -> None:
     """As many failing model calls as the held-out data says."""
     told, row, first, calls = _scored(tmp_path, COUNTED)
@@ -140,7 +140,7 @@ def test_a_scaffold_cannot_choose_a_number_the_agent_is_told(tmp_path: Path) -> 
     assert [c["status"] for c in calls if c.get("status") != 200] == [400] * chosen, calls
 
 
-@attack(env=ENV, cls="held-out data in the harness's message", invariant=3, defence="scoring-message")
+@attack(env=ENV, cls="held-out data in the message", invariant=3, defence="scoring-message")
 def test_a_scaffold_cannot_choose_an_infrastructure_failure_with_bodies_the_gateway_chokes_on(
         tmp_path: Path) -> None:
     """Requests that make the gateway's own code fail (a 502 the backend never saw)."""

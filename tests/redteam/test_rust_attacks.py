@@ -252,7 +252,7 @@ async def generate_solution(client, semaphore, problem):
 """
 
 
-@attack(env=ENV, cls="held-out data in the harness's message", invariant=3, defence="host-memory-cap")
+@attack(env=ENV, cls="held-out data in the message", invariant=3, defence="host-memory-cap")
 def test_a_scaffold_past_its_memory_cap_loses_its_batch_not_the_scoring(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: Any) -> None:
     """The scaffold allocates past the scoring's memory limit (here: past its host's cap of 256 MB)."""
