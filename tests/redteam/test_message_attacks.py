@@ -66,35 +66,22 @@ async def generate_solution(client, semaphore, problem):
 '''
 
 
-# Raw bodies the gateway's own libraries choke on (not llama.cpp): an echo whose prompt is a lone
-# surrogate (the tokenizer raises), and a chat body nested just too deep for the JSON writer that sends it
-# upstream (found by bisecting on the statuses: 400 too deep to parse, 200 too shallow).
+# A raw body the gateway's own code chokes on (not llama.cpp): an echo whose prompt is a lone surrogate,
+# which the tokenizer refuses with a TypeError (a JSON body nested just too deep for the writer that
+# sends it upstream did the same, its depth found by bisecting on the statuses).
 RAW = r'''
 _sent = False
-
-
-async def _post(client, path, body):
-    response = await client._client.post(str(client.base_url).rstrip("/") + path, content=body,
-                                         headers={"Authorization": "Bearer " + client.api_key,
-                                                  "Content-Type": "application/json"})
-    return response.status_code
 
 
 async def generate_solution(client, semaphore, problem):
     global _sent
     if not _sent:
         _sent = True
-        await _post(client, "/completions", b'{"model": "task_model", "prompt": "\\ud800", "echo": true, '
-                                            b'"max_tokens": 0, "logprobs": 0}')
-        low, high = 100, 3000
-        for _ in range(14):
-            depth = (low + high) // 2
-            status = await _post(client, "/chat/completions", (
-                '{"model": "task_model", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], '
-                '"x": ' + "[" * depth + "]" * depth + "}").encode())
-            if status >= 500:
-                break
-            low, high = (low, depth) if status == 400 else (depth, high)
+        await client._client.post(str(client.base_url).rstrip("/") + "/completions",
+                                  content=b'{"model": "task_model", "prompt": "\\ud800", "echo": true, '
+                                          b'"max_tokens": 0, "logprobs": 0}',
+                                  headers={"Authorization": "Bearer " + client.api_key,
+                                           "Content-Type": "application/json"})
     return "no program"
 '''
 
@@ -141,9 +128,9 @@ def test_a_scaffold_cannot_choose_a_number_the_agent_is_told(tmp_path: Path) -> 
 
 
 @attack(env=ENV, cls="held-out data in the message", invariant=3, defence="scoring-message")
-def test_a_scaffold_cannot_choose_an_infrastructure_failure_with_bodies_the_gateway_chokes_on(
+def test_a_scaffold_cannot_choose_an_infrastructure_failure_with_a_body_the_gateway_chokes_on(
         tmp_path: Path) -> None:
-    """Requests that make the gateway's own code fail (a 502 the backend never saw)."""
+    """A request that makes the gateway's own code fail (a 502 the backend never saw)."""
     told, row, _, calls = _scored(tmp_path, RAW)
     assert any(c["status"] == 502 for c in calls), calls  # they did fail on the harness's side
     assert told.startswith(CLEAN) and not row.details.get("infrastructure"), told
