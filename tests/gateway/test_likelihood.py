@@ -82,6 +82,7 @@ def test_the_model_is_loaded_whole_from_its_file(tiny_model: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     likelihood = Likelihood(tiny_model)
+    assert likelihood._model is None and likelihood.ready() and likelihood._model is not None  # loaded now
     likelihood.echo(["x"])
     fast = likelihood._model
     torch.manual_seed(1)  # another draw of the initial weights: the file must replace all of them

@@ -160,6 +160,15 @@ class Likelihood:
                         "text_offset": offsets})
         return out
 
+    def ready(self) -> bool:
+        """Whether the weights are loaded, or load now: True, else the error. Without waiting on a request
+        that holds the lock, since one that does has loaded them."""
+        if self._model is not None:
+            return True
+        with self._lock:
+            self._load()
+        return True
+
     def unload(self) -> None:
         """Let the weights go (the next request loads them again)."""
         with self._lock:

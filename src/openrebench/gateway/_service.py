@@ -170,15 +170,20 @@ class ModelService:
 
         async def probe() -> bool:
             backend, name = model.backend, model.model_name
+            if isinstance(backend, LocalModelBackend):
+                # The offline model: its server's health check, which llama.cpp answers however busy its
+                # slots are, and the echo's weights loaded (a request would queue behind what the scoring
+                # left running, for as long as it chose: a wait to time out, which it could choose too).
+                upstream = getattr(backend.upstream, "healthy", None)
+                served = upstream is None or await upstream()
+                echo = endpoint == "completions"
+                return served and (not echo or await asyncio.to_thread(backend.likelihood.ready))
             if endpoint != "completions":
                 answer = await backend.chat({"model": name, "max_tokens": 1,
                                              "messages": [{"role": "user", "content": "Say hello."}]})
                 return isinstance(answer.get("choices"), list)
-            answers = [await backend.complete({"model": name, "prompt": "Hello", "max_tokens": 1})]
-            if isinstance(backend, LocalModelBackend):
-                answers.append(await backend.complete({"model": name, "prompt": "Hello there", "echo": True,
-                                                       "max_tokens": 0, "logprobs": 0}))
-            return all(isinstance(a.get("choices"), list) for a in answers)
+            answer = await backend.complete({"model": name, "prompt": "Hello", "max_tokens": 1})
+            return isinstance(answer.get("choices"), list)
 
         try:
             return thread.run(probe(), timeout_s)
@@ -375,7 +380,12 @@ class _OwnServer:
             yield chunk
 
     async def healthy(self) -> bool:
-        return self._upstream is not None and not self._stopped and await self._upstream.healthy()
+        """Whether the server answers its health check, started for it if no request has yet."""
+        try:
+            upstream = await asyncio.to_thread(self._started)
+        except BackendUnavailable:
+            return False
+        return await upstream.healthy()
 
     async def aclose(self) -> None:
         if self._upstream is not None:
