@@ -30,60 +30,45 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(rust_utils.find_rustc() is None or os.geteuid() != 0,
                                  reason="needs rustc, and root for the scoring's sandbox")]
 
-# The first problem's statement, in a parameter llama.cpp quotes back in its 500.
-QUOTED = r'''
-_sent = False
+def _once(attack: str) -> str:
+    """A scaffold that makes `attack` (statements using `client` and `problem`) on its first problem and
+    answers every problem with no program."""
+    body = "\n".join("        " + line for line in attack.strip("\n").splitlines())
+    return ("_sent = False\n\n\nasync def generate_solution(client, semaphore, problem):\n    global _sent\n"
+            f"    if not _sent:\n        _sent = True\n{body}\n    return \"no program\"\n")
 
-async def generate_solution(client, semaphore, problem):
-    global _sent
-    if not _sent:
-        _sent = True
-        try:
-            await client.with_options(max_retries=0).chat.completions.create(
-                model="task_model", max_tokens=1, messages=[{"role": "user", "content": "hi"}],
-                extra_body={"reasoning_format": "<<" + " ".join(problem["description"].split())})
-        except Exception:
-            pass
-    return "no program"
-'''
+
+# The first problem's statement, in a parameter llama.cpp quotes back in its 500.
+QUOTED = _once('''
+try:
+    await client.with_options(max_retries=0).chat.completions.create(
+        model="task_model", max_tokens=1, messages=[{"role": "user", "content": "hi"}],
+        extra_body={"reasoning_format": "<<" + " ".join(problem["description"].split())})
+except Exception:
+    pass
+''')
 
 # As many failing calls as a number the held-out data gives (a 500 that quotes nothing).
-COUNTED = r'''
-_sent = False
-
-async def generate_solution(client, semaphore, problem):
-    global _sent
-    if not _sent:
-        _sent = True
-        for _ in range(len(problem["description"]) % 7 + 2):
-            try:
-                await client.with_options(max_retries=0).chat.completions.create(
-                    model="task_model", max_tokens=1,
-                    messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}])
-            except Exception:
-                pass
-    return "no program"
-'''
+COUNTED = _once('''
+for _ in range(len(problem["description"]) % 7 + 2):
+    try:
+        await client.with_options(max_retries=0).chat.completions.create(
+            model="task_model", max_tokens=1,
+            messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}])
+    except Exception:
+        pass
+''')
 
 
 # A raw body the gateway's own code chokes on (not llama.cpp): an echo whose prompt is a lone surrogate,
 # which the tokenizer refuses with a TypeError (a JSON body nested just too deep for the writer that
 # sends it upstream did the same, its depth found by bisecting on the statuses).
-RAW = r'''
-_sent = False
-
-
-async def generate_solution(client, semaphore, problem):
-    global _sent
-    if not _sent:
-        _sent = True
-        await client._client.post(str(client.base_url).rstrip("/") + "/completions",
-                                  content=b'{"model": "task_model", "prompt": "\\ud800", "echo": true, '
-                                          b'"max_tokens": 0, "logprobs": 0}',
-                                  headers={"Authorization": "Bearer " + client.api_key,
-                                           "Content-Type": "application/json"})
-    return "no program"
-'''
+RAW = _once(r'''
+await client._client.post(
+    str(client.base_url).rstrip("/") + "/completions",
+    content=b'{"model": "task_model", "prompt": "\\ud800", "echo": true, "max_tokens": 0}',
+    headers={"Authorization": "Bearer " + client.api_key, "Content-Type": "application/json"})
+''')
 
 CLEAN = "Valid: 0 of 24 held-out problems solved (0.000, standard error 0.000)."  # any scaffold solving none
 

@@ -210,21 +210,30 @@ async def generate_solution(client, semaphore, problem):
 """
 
 
-@attack(env=ENV, cls="daemon outlives the scaffold", invariant=3, defence="per-test-cgroup")
-def test_a_daemon_of_the_scaffold_is_gone_before_the_programs_are_judged(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: Any) -> None:
-    """The scaffold forks a detached daemon at import, to live on while the held-out tests are run."""
+def _host_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: Any, scaffold: str, problems: int,
+                  batch_size: int, batch_timeout_s: float,
+                  **kwargs: Any) -> tuple[Path, list[dict[str, Any]]]:
+    """The scaffold's answers to `problems` trivial problems, its host run by the scorer's own code in
+    the test's cgroup (no model: a key and an address nothing answers)."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     solution = tmp_path / "solution"
     solution.mkdir()
-    (solution / "solve_code_contests_rust.py").write_text(SCAFFOLD)
-    params = RustCodecontests.tiers["mini"].params.model_copy(update={"batch_size": 2,
-                                                                      "batch_timeout_s": 5.0})
+    (solution / "solve_code_contests_rust.py").write_text(scaffold)
+    params = RustCodecontests.tiers["mini"].params.model_copy(update={"batch_size": batch_size,
+                                                                      "batch_timeout_s": batch_timeout_s})
     problem = {"name": "p", "description": "print nothing", "time_limit_s": 1.0,
                "memory_limit_bytes": 256 << 20, "public_tests": {"input": [""], "output": [""]}}
-    answers = scorer.generate_answers(params, solution, [problem], group)
+    answers = scorer.generate_answers(params, solution, [problem] * problems, group, **kwargs)
     assert not isinstance(answers, str), answers
+    return solution, answers
+
+
+@attack(env=ENV, cls="daemon outlives the scaffold", invariant=3, defence="per-test-cgroup")
+def test_a_daemon_of_the_scaffold_is_gone_before_the_programs_are_judged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: Any) -> None:
+    """The scaffold forks a detached daemon at import, to live on while the held-out tests are run."""
+    solution, _ = _host_answers(tmp_path, monkeypatch, group, SCAFFOLD, 1, 2, 5.0)
     pid_file = solution / "daemon.pid"
     deadline = time.monotonic() + 5
     while not pid_file.exists() and time.monotonic() < deadline:
@@ -256,17 +265,6 @@ async def generate_solution(client, semaphore, problem):
 def test_a_scaffold_past_its_memory_cap_loses_its_batch_not_the_scoring(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: Any) -> None:
     """The scaffold allocates past the scoring's memory limit (here: past its host's cap of 256 MB)."""
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    solution = tmp_path / "solution"
-    solution.mkdir()
-    (solution / "solve_code_contests_rust.py").write_text(HOG)
-    params = RustCodecontests.tiers["mini"].params.model_copy(update={"batch_size": 1,
-                                                                      "batch_timeout_s": 20.0})
-    problem = {"name": "p", "description": "print nothing", "time_limit_s": 1.0,
-               "memory_limit_bytes": 256 << 20, "public_tests": {"input": [""], "output": [""]}}
-    answers = scorer.generate_answers(params, solution, [problem, problem], group,
-                                      host_memory_bytes=int(scorer.HOST_MEMORY_SHARE * (256 << 20) / 0.75))
-    assert not isinstance(answers, str), answers
+    _, answers = _host_answers(tmp_path, monkeypatch, group, HOG, 2, 1, 20.0, host_memory_bytes=256 << 20)
     assert [a["status"] for a in answers] == ["host_failed", "host_failed"], (
         "attack works: the scaffold's host held 400 MB past its cap", answers)
